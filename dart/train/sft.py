@@ -23,7 +23,7 @@ from dart.errors import DecodeError
 from dart.manifest import BatchManifest, Sample
 from dart.rollout.model import Policy, load_policy
 from dart.rollout.prompt import PromptConfig, blob_image_loader
-from dart.train.batch import Dropped, micro_batches, prepare_samples
+from dart.train.batch import Dropped, collate, prepare_samples
 from dart.train.config import EngineConfig, OptimConfig
 from dart.train.engine import TorchEngine
 from dart.train.loss import nll_loss
@@ -85,6 +85,17 @@ def load_sft_data(path: Path) -> BatchManifest:
     return BatchManifest(batch_id=f"sft:{Path(path).name}", seq=0, run_id="sft", samples=samples)
 
 
+def epoch_chunks(n: int, size: int, rng: random.Random) -> list[list[int]]:
+    """One epoch's micro-batches (sample indices): consecutive chunks of a fresh shuffle.
+
+    Every optimiser step of SFT is one micro-batch, so their composition must change between
+    epochs. (``micro_batches`` sorts by length to save padding, which here would walk the same
+    length-ordered batches every epoch; on the synthetic tasks length follows the target's
+    colour name, and the tiny policy did not learn to ground that way.)"""
+    order = rng.sample(range(n), n)
+    return [order[i : i + size] for i in range(0, n, size)]
+
+
 def run_sft(cfg: SFTConfig, blobs: BlobStore) -> SFTResult:
     """Train, then write the policy directory ``cfg.out``; returns the per-epoch losses."""
     random.seed(cfg.seed)
@@ -103,10 +114,10 @@ def run_sft(cfg: SFTConfig, blobs: BlobStore) -> SFTResult:
     order = random.Random(cfg.seed)
     losses = []
     for epoch in range(cfg.epochs):
-        shuffled = order.sample(samples, len(samples))
-        keep_B = torch.ones(len(shuffled), dtype=torch.bool)
         total, count = 0.0, 0
-        for batch in micro_batches(shuffled, keep_B, size=cfg.micro_batch_samples, pad_id=policy.pad_token_id):
+        for chunk in epoch_chunks(len(samples), cfg.micro_batch_samples, order):
+            batch = collate([samples[i] for i in chunk], torch.ones(len(chunk), dtype=torch.bool),
+                            pad_id=policy.pad_token_id)
             logp_B_T, _ = engine.forward(batch)
             loss, _ = nll_loss(logp_B_T, batch.mask_B_T.to(logp_B_T.device))
             engine.backward(loss)

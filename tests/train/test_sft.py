@@ -13,7 +13,7 @@ from dart.bus import read_topic
 from dart.errors import DecodeError
 from dart.rollout.model import check_state_dict, load_policy, state_dict_from_bytes
 from dart.train.__main__ import main
-from dart.train.sft import load_sft_data
+from dart.train.sft import epoch_chunks, load_sft_data
 from tests.train.conftest import make_manifest
 
 
@@ -54,3 +54,15 @@ def test_sft_data_that_is_neither_manifest_nor_samples_is_refused(tmp_path) -> N
     with pytest.raises(DecodeError, match="neither a batch manifest"):
         load_sft_data(bad)
 
+
+
+def test_sft_micro_batches_are_fresh_chunks_of_every_epoch_shuffle() -> None:
+    import random
+
+    rng = random.Random(0)
+    first, second = epoch_chunks(10, 4, rng), epoch_chunks(10, 4, rng)
+    for chunks in (first, second):
+        assert [len(c) for c in chunks] == [4, 4, 2]
+        assert sorted(i for c in chunks for i in c) == list(range(10))  # every sample once per epoch
+    assert {frozenset(c) for c in first} != {frozenset(c) for c in second}  # new company every epoch
+    assert epoch_chunks(10, 4, random.Random(0)) == first  # seeded
