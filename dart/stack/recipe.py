@@ -25,7 +25,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -80,8 +80,10 @@ class Recipe:
 
     seed: int = 0
     """Seed of the model weights, task sampling, SFT shuffling and sampling seeds."""
-    model: TinySize = field(default_factory=TinySize)
-    """Size of the tiny random-weight Qwen2.5-VL."""
+    model: TinySize = field(default_factory=lambda: TinySize(rope_theta=3.0, mrope_section=(1,) * 8))
+    """Size of the tiny random-weight Qwen2.5-VL. A low rotary base with t/h/w interleaved is
+    what lets it tell where a button is: with Qwen's default (base 1e6, contiguous sections)
+    the width axis turns by ~2e-4 rad per position and SFT never grounded (see the benchmark)."""
     threads: int = 1
     """torch CPU threads (1: on a shared 2-core machine more threads run 5-10x slower)."""
     preset: str = "tiny"
@@ -102,10 +104,14 @@ class Recipe:
     """Coordinate convention of the answers (the rollout workers' ``convention``)."""
     thought: str | None = None
     """Thought line of the oracle answers (None: ``Action: ...`` only, ~13 tokens)."""
-    sft_demos: int = 120
+    sft_demos: int = 400
     """Training tasks whose oracle solutions form the SFT data."""
-    sft_epochs: int = 2
-    """Passes over the SFT data."""
+    sft_templates: tuple[str, ...] = ()
+    """Only tasks of these templates give demonstrations (empty: every template); the others
+    must be learned by RL from reward alone."""
+    sft_steps: int = 700
+    """SFT optimiser steps (micro-batches of fresh shuffles of the demonstrations); few enough
+    that the warm start is partial and RL has room."""
     sft_lr: float = 1e-3
     """AdamW learning rate of the warm start."""
     sft_micro_batch: int = 8
@@ -134,6 +140,10 @@ class Recipe:
     """Step-wise GRPO loss (DART clip-higher, dual clip, TIS; KL off by default here)."""
     drop_uniform_groups: bool = True
     """Leave out groups whose trajectories all got the same reward (their advantage is 0)."""
+    inject_experience: bool = False
+    """DART's experience pool: a group whose rollouts all failed gets the task's oracle solution
+    (reward 1, flagged for the loss's SFT term), as the data manager does with
+    ``curation.inject_experience`` and ``dart up``'s ``experience_tasks``."""
     eval_episodes: int = 200
     """Held-out episodes per evaluation (tasks are cycled when fewer)."""
     eval_temperature: float = 0.0
@@ -142,12 +152,14 @@ class Recipe:
     """Most prompts the hf engine answers in one generate call."""
 
     def __post_init__(self) -> None:
-        for name in ("train_tasks", "eval_tasks", "max_steps", "sft_epochs", "sft_micro_batch", "tasks_per_update",
+        for name in ("train_tasks", "eval_tasks", "max_steps", "sft_micro_batch", "tasks_per_update",
                      "group_size", "micro_batch", "max_new_tokens", "eval_episodes", "engine_batch", "threads"):
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         require(0 <= self.sft_demos <= self.train_tasks, "sft_demos",
                 f"must be in [0, train_tasks={self.train_tasks}], got {self.sft_demos}")
         require(self.updates >= 0, "updates", f"must be >= 0, got {self.updates}")
+        require(self.sft_steps >= 0, "sft_steps", f"must be >= 0, got {self.sft_steps}")
+        require(self.sft_steps == 0 or self.sft_demos >= 1, "sft_demos", "SFT steps need >= 1 demonstration")
         require(self.group_size >= 2, "group_size", f"GRPO needs >= 2 rollouts per task, got {self.group_size}")
         require(self.tasks_per_update <= self.train_tasks, "tasks_per_update", "must be <= train_tasks")
 
@@ -231,6 +243,17 @@ def write_samples(samples: Sequence[Sample], path: Path) -> Path:
     return path
 
 
+def template_of(task: dict[str, Any]) -> str:
+    return str(task["config"][0]["parameters"].get("template", ""))
+
+
+def demo_tasks(train: Sequence[dict[str, Any]], recipe: Recipe) -> list[dict[str, Any]]:
+    """The training tasks whose oracle solutions are the SFT data: the first ``sft_demos`` of the
+    ``sft_templates`` (all templates when empty)."""
+    pool = [t for t in train if not recipe.sft_templates or template_of(t) in recipe.sft_templates]
+    return pool[: recipe.sft_demos]
+
+
 def make_tasks(recipe: Recipe) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(training tasks, held-out tasks) of the recipe's preset."""
     train = generate_tasks(recipe.train_tasks, preset=recipe.preset, seed=recipe.train_seed, split="train")
@@ -241,32 +264,85 @@ def make_tasks(recipe: Recipe) -> tuple[list[dict[str, Any]], list[dict[str, Any
 # ---------------------------------------------------------------- the whole run
 
 
-def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[dict[str, Any]]) -> Path:
-    """Build the tiny policy and SFT it on oracle demonstrations (``dart train --sft``); returns its directory."""
+def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[dict[str, Any]],
+               log: Log = print) -> Path:
+    """Build the tiny policy and SFT it on oracle demonstrations; returns the ``workdir/warm`` policy.
+
+    The maths of ``dart train --sft`` (prompt rebuild with hash check, plain NLL, the torch
+    engine, ``save_policy_dir``; the same data is written to ``workdir/sft.jsonl``), counted in
+    optimiser steps instead of epochs: ``sft_steps`` micro-batches of ``sft_micro_batch``, cut from a
+    fresh shuffle of the demonstrations every pass (a short last chunk is left out).
+    """
+    import torch
+
     from dart.rollout.model import build_tiny, load_policy
+    from dart.train.batch import collate, prepare_samples
     from dart.train.config import EngineConfig, OptimConfig
-    from dart.train.sft import SFTConfig, run_sft
+    from dart.train.engine import TorchEngine
+    from dart.train.loss import nll_loss
+    from dart.train.sft import save_policy_dir
 
     init = build_tiny(workdir / "init", seed=recipe.seed, size=recipe.model)
-    if recipe.sft_demos == 0:
+    if recipe.sft_steps == 0:
         return init
-    data = write_samples(oracle_samples(train[: recipe.sft_demos], load_policy(init), store, recipe),
-                         workdir / "sft.jsonl")
-    cfg = SFTConfig(data=data, model=init, out=workdir / "warm", epochs=recipe.sft_epochs,
-                    micro_batch_samples=recipe.sft_micro_batch, seed=recipe.seed, check_hash=True,
-                    optim=OptimConfig(lr=recipe.sft_lr, weight_decay=0.0),
-                    engine=EngineConfig(device="cpu", threads=recipe.threads), prompt=recipe.prompt)
-    return run_sft(cfg, store).out
+    policy = load_policy(init)
+    demos = oracle_samples(demo_tasks(train, recipe), policy, store, recipe)
+    write_samples(demos, workdir / "sft.jsonl")  # the same data for `dart train --sft`
+    kept, dropped = prepare_samples(manifest_of(demos, 0), tokenizer=policy.tokenizer,
+                                    image_processor=policy.image_processor, load_image=blob_image_loader(store),
+                                    prompt_cfg=recipe.prompt, check_hash=True, advantages=False)
+    if dropped:
+        raise ConfigError(f"{len(dropped)} oracle samples do not rebuild ({dropped[0].reason}: {dropped[0].detail})")
+    engine = TorchEngine(policy.model, OptimConfig(lr=recipe.sft_lr, weight_decay=0.0),
+                         EngineConfig(device="cpu", threads=recipe.threads))
+    rng = random.Random(recipe.seed)
+    size = min(recipe.sft_micro_batch, len(kept))
+    step, losses = 0, []
+    while step < recipe.sft_steps:
+        order = rng.sample(kept, len(kept))
+        for i in range(0, len(order) - size + 1, size):
+            batch = collate(order[i : i + size], torch.ones(size, dtype=torch.bool), pad_id=policy.pad_token_id)
+            logp_B_T, _ = engine.forward(batch)
+            loss, _ = nll_loss(logp_B_T, batch.mask_B_T)
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.detach()))
+            step += 1
+            if step % 100 == 0 or step == recipe.sft_steps:
+                log(f"sft step {step}/{recipe.sft_steps}: nll {sum(losses) / len(losses):.4f}")
+                losses = []
+            if step == recipe.sft_steps:
+                break
+    save_policy_dir(engine, policy, workdir / "warm")
+    return workdir / "warm"
+
+
+def injected_samples(trajectories: Sequence[Trajectory], tasks: dict[str, dict[str, Any]], policy: Policy,
+                     store: BlobStore, recipe: Recipe, *, update: int) -> list[Sample]:
+    """The oracle solution of every all-fail group's task, joined to that group (reward 1, ``sft``)."""
+    rewards: dict[str, set[float]] = {}
+    task_of: dict[str, str] = {}
+    for t in trajectories:
+        rewards.setdefault(t.group_id, set()).add(t.reward)
+        task_of[t.group_id] = t.task_id
+    out: list[Sample] = []
+    for group_id, seen in sorted(rewards.items()):
+        if max(seen) < 1.0:
+            for s in oracle_samples([tasks[task_of[group_id]]], policy, store, recipe):
+                out.append(replace(s, group_id=group_id, rollout_id=f"oracle:{group_id}", policy_version=update))
+    return out
 
 
 def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Trajectory], *, store: BlobStore,
-              recipe: Recipe, update: int) -> dict[str, float]:
+              recipe: Recipe, update: int, tasks: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:
     """One GRPO update on the trajectories, through the trainer's own batch preparation and update."""
     from dart.train.batch import micro_batches, prepare_samples, step_mask
     from dart.train.update import apply_update
 
     chosen = mixed_groups(trajectories) if recipe.drop_uniform_groups else list(trajectories)
     samples = trajectory_samples(chosen, policy_version=update)
+    if recipe.inject_experience and tasks is not None:
+        samples += injected_samples(trajectories, tasks, policy, store, recipe, update=update)
     if not samples:
         return {"samples": 0.0}
     kept, dropped = prepare_samples(manifest_of(samples, update), tokenizer=policy.tokenizer,
@@ -286,13 +362,14 @@ def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Traj
             "entropy": means.get("entropy/mean", 0.0)}
 
 
-def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print) -> dict[str, Any]:
+def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: Path | None = None) -> dict[str, Any]:
     """Build, warm-start, evaluate, train with RL, evaluate again; returns the numbers.
 
     Keys: warm_success, rl_success, delta, eval_episodes, train_success (rollout success per
     update), updates (per-update stats), recipe, and wall seconds per phase (sft_s, eval_warm_s,
     rl_s, eval_rl_s, total_s). The warm start is in ``workdir/warm``, the RL policy in
-    ``workdir/final``.
+    ``workdir/final``. ``warm``: start RL from this policy directory instead (no build, no SFT),
+    to study RL settings on one warm start.
     """
     import torch
 
@@ -311,7 +388,7 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print) -> dict
     out: dict[str, Any] = {"eval_episodes": recipe.eval_episodes, "recipe": asdict(recipe)}
 
     t0 = time.perf_counter()
-    warm_dir = warm_start(recipe, workdir, store, train)
+    warm_dir = warm or warm_start(recipe, workdir, store, train, log)
     out["sft_s"] = elapsed(t0)
     policy = load_policy(warm_dir)
     t0 = time.perf_counter()
@@ -327,6 +404,7 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print) -> dict
     ref = (ReferencePolicy(copy.deepcopy(policy.model), engine.device, engine.dtype)
            if recipe.loss.kl_coef > 0 else None)
     rng = random.Random(recipe.seed)
+    by_id = {t["id"]: t for t in train}
     out["train_success"], out["updates"] = [], []
 
     async def rl_loop() -> None:
@@ -340,7 +418,8 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print) -> dict
                 success = sum(t.reward >= 1.0 for t in trajectories) / len(trajectories)
                 out["train_success"].append(success)
                 tr = elapsed(tu)
-                stats = rl_update(engine, ref, policy, trajectories, store=store, recipe=recipe, update=u)
+                stats = rl_update(engine, ref, policy, trajectories, store=store, recipe=recipe, update=u,
+                                  tasks=by_id)
                 out["updates"].append({**stats, "rollout_success": success, "rollouts_s": tr, "update_s": elapsed(tu)})
                 log(f"update {u + 1}/{recipe.updates}: rollout success {success:.3f}, "
                     f"{int(stats['samples'])} samples, loss {stats.get('loss', 0.0):+.4f}, "

@@ -19,12 +19,15 @@ from dart.rollout.prompt import PromptConfig
 from dart.stack.recipe import (
     Recipe,
     Trajectory,
+    demo_tasks,
     eval_schedule,
+    injected_samples,
     mixed_groups,
     oracle_text,
     run_episode,
     run_recipe,
     sampling_seed,
+    template_of,
 )
 
 TINY = generate_tasks(6, preset="tiny", seed=0)
@@ -37,6 +40,37 @@ def test_recipe_refuses_a_group_of_one_and_too_many_demos() -> None:
         Recipe(group_size=1)
     with pytest.raises(ConfigError, match="sft_demos"):
         Recipe(train_tasks=10, sft_demos=11)
+
+
+def test_recipe_refuses_negative_sft_steps_and_steps_without_demos() -> None:
+    with pytest.raises(ConfigError, match="sft_steps"):
+        Recipe(sft_steps=-1)
+    with pytest.raises(ConfigError, match="sft_demos: SFT steps need"):
+        Recipe(sft_demos=0, sft_steps=5)
+    assert Recipe(sft_demos=0, sft_steps=0).sft_steps == 0  # no warm start: the random policy
+
+
+def test_demo_tasks_are_the_first_sft_demos_of_the_listed_templates() -> None:
+    train = generate_tasks(30, preset="tiny", seed=0)
+    kinds = [template_of(t) for t in train]
+    assert {"click_color", "check_then_ok"} <= set(kinds)
+    only = demo_tasks(train, Recipe(train_tasks=30, sft_demos=4, sft_templates=("check_then_ok",)))
+    assert only == [t for t in train if template_of(t) == "check_then_ok"][:4]
+    assert demo_tasks(train, Recipe(train_tasks=30, sft_demos=5)) == train[:5]
+
+
+def test_injected_oracle_solution_joins_each_all_fail_group_only(tmp_path: Path) -> None:
+    from dart.blobs import LocalBlobStore
+    from dart.rollout.model import build_tiny, load_policy
+
+    policy = load_policy(build_tiny(tmp_path / "tiny", seed=0))
+    by_id = {t["id"]: t for t in (CLICK_TASK, TWO_STEP_TASK)}
+    trajectories = [_traj("fail", "a", 0.0, TWO_STEP_TASK["id"]), _traj("fail", "b", 0.0, TWO_STEP_TASK["id"]),
+                    _traj("mixed", "c", 1.0, CLICK_TASK["id"]), _traj("mixed", "d", 0.0, CLICK_TASK["id"])]
+    samples = injected_samples(trajectories, by_id, policy, LocalBlobStore(tmp_path / "blobs"), Recipe(), update=3)
+    assert [s.step_index for s in samples] == [0, 1]  # the two oracle steps of the failed task
+    assert {(s.group_id, s.rollout_id, s.task_id, s.reward, s.sft, s.origin, s.policy_version) for s in samples} == {
+        ("fail", "oracle:fail", TWO_STEP_TASK["id"], 1.0, True, "oracle", 3)}
 
 
 def test_oracle_text_parses_back_to_the_oracle_action() -> None:
@@ -71,8 +105,8 @@ def test_sampling_seeds_differ_per_episode_and_step_and_repeat_per_key() -> None
     assert all(0 <= s < 2**31 for s in seeds)
 
 
-def _traj(group: str, rid: str, reward: float) -> Trajectory:
-    return Trajectory(task_id="t", group_id=group, rollout_id=rid, steps=[], reward=reward, finish_reason="env_done")
+def _traj(group: str, rid: str, reward: float, task_id: str = "t") -> Trajectory:
+    return Trajectory(task_id=task_id, group_id=group, rollout_id=rid, steps=[], reward=reward, finish_reason="env_done")
 
 
 def test_mixed_groups_keep_only_groups_whose_rewards_differ() -> None:
@@ -126,7 +160,7 @@ def test_episode_ends_at_a_terminal_action(tmp_path: Path) -> None:
 
 
 def test_minuscule_recipe_runs_end_to_end(tmp_path: Path) -> None:
-    recipe = Recipe(train_tasks=6, eval_tasks=3, sft_demos=4, sft_epochs=1, updates=2, tasks_per_update=2,
+    recipe = Recipe(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=2, updates=2, tasks_per_update=2,
                     group_size=2, eval_episodes=4, drop_uniform_groups=False, max_new_tokens=8)
     lines: list[str] = []
     out = run_recipe(recipe, tmp_path / "run", log=lines.append)
@@ -138,4 +172,5 @@ def test_minuscule_recipe_runs_end_to_end(tmp_path: Path) -> None:
     assert len(out["train_success"]) == 2
     assert out["updates"][0]["samples"] > 0  # mixed or not, every group trained (drop_uniform_groups off)
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
-    assert lines[0].startswith("warm start: held-out success") and lines[-1].startswith("RL: held-out success")
+    assert lines[0] == "sft step 2/2: nll " + lines[0].rsplit(" ", 1)[-1]  # the warm start reports its loss
+    assert lines[1].startswith("warm start: held-out success") and lines[-1].startswith("RL: held-out success")

@@ -31,7 +31,7 @@ def test_a_short_run_trains_swaps_weights_and_replays_equal(broker, tmp_path):
     cfg = build(StackConfig, {
         "run_id": "e2e", "workdir": str(tmp_path / "run"), "bootstrap": broker.bootstrap,
         "rl_minutes": 5, "max_updates": 2, "evaluate": False, "experience_tasks": 6,
-        "recipe": {"train_tasks": 6, "eval_tasks": 2, "sft_demos": 4, "sft_epochs": 1,
+        "recipe": {"train_tasks": 6, "eval_tasks": 2, "sft_demos": 4, "sft_steps": 2,
                    "tasks_per_update": 1, "group_size": 2, "max_new_tokens": 16},
         "env": {"slots": 4},
     })
