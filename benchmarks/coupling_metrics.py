@@ -92,6 +92,13 @@ def per_minute(trajectories: Iterable[Row], t0: int, t1: int) -> float:
     return n / ((t1 - t0) / 60000)
 
 
+def success_rate(trajectories: Iterable[Row], t0: int, t1: int) -> float | None:
+    """Share of online training trajectories finished in (t0, t1] that succeeded (infra errors left out)."""
+    done = [t["status"] == "success" for t in trajectories if t0 < t["t_ms"] <= t1 and t["origin"] == "online"
+            and t["mode"] == "train" and t["status"] != "infra_error"]
+    return sum(done) / len(done) if done else None
+
+
 def trajectory_seconds(trajectories: Iterable[Row], t0: int, t1: int) -> float | None:
     """Mean time an online trajectory finished in (t0, t1] held its slot (reset + env + policy + evaluation)."""
     held = [t["reset_s"] + t["env_s"] + t["policy_wait_s"] + t["eval_s"] for t in trajectories
@@ -124,6 +131,7 @@ def measure(rows: Mapping[str, Sequence[Row]]) -> dict[str, Any]:
         "train_samples_per_s": _round(train_throughput(updates, t0, t1)),
         "trajectories_per_min": round(per_minute(rows["trajectories"], t0, t1), 1),
         "staleness_mean": _round(mean_staleness(updates, rows["batches"], rows["trajectories"], t0, t1)),
+        "success_rate": _round(success_rate(rows["trajectories"], t0, t1), 3),
         "trajectory_s_mean": _round(trajectory_seconds(rows["trajectories"], t0, t1), 2),
         "updates": len(inside),
         "trainer_busy": _round(sum(u["duration_s"] for u in inside[1:]) / ((t1 - t0) / 1000)),

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from coupling_metrics import PAPER_RATIOS, coupled_rounds, mean_phases, measure, ratios
+from coupling_metrics import PAPER_RATIOS, WindowError, coupled_rounds, mean_phases, measure, ratios
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SFT_DEMOS, SFT_EPOCHS = 120, 8
+SFT_DEMOS, SFT_STEPS = 120, 240
 METRIC_NAMES = {
     "env_util": "environment utilisation (busy slot-time / wall slot-time)",
     "rollout_util": "rollout engine utilisation (forward-pass time / wall time)",
@@ -99,7 +99,8 @@ def stack_mapping(p: Point, mode: str, workdir: Path, args: argparse.Namespace) 
         # mixed groups) the same through both runs: this measures the system, not learning.
         # temperature / top_p: DART's rollout sampling; with them the warm start answers with
         # well-formed clicks and solves ~40 % of the tasks, so most groups are mixed.
-        "recipe": {"train_tasks": SFT_DEMOS, "eval_tasks": 2, "sft_demos": 0, "tasks_per_update": groups, "rl_lr": 1e-6,
+        "recipe": {"train_tasks": SFT_DEMOS, "eval_tasks": 2, "sft_demos": SFT_DEMOS, "tasks_per_update": groups,
+                   "rl_lr": 1e-6,
                    "temperature": 0.7, "top_p": 0.9,
                    "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "max_steps": args.max_steps},
         "env": {"slots": p.slots, "options": {"heartbeat_s": 1.0, "synthetic": {"latency": p.latency(), "seed": 0}}},
@@ -113,15 +114,17 @@ def stack_mapping(p: Point, mode: str, workdir: Path, args: argparse.Namespace) 
 
 
 def warm_model(root: Path) -> Path:
-    """The tiny policy after SFT on oracle demonstrations, built once for every run: its answers
-    are mostly well-formed UI-TARS actions (clicks the env executes) and some tasks succeed, so
-    groups are mixed. A random-init model's answers parse as nothing and no env step would run."""
+    """The tiny policy after the recipe's SFT warm start on oracle demonstrations, built once for
+    every run: its answers are well-formed UI-TARS clicks (which the env executes) and it solves
+    part of the tasks, so groups are mixed. A random-init model's answers parse as no action, so
+    no env step would ever run."""
     from dart.blobs import LocalBlobStore
     from dart.stack.recipe import Recipe, make_tasks, warm_start
 
-    recipe = Recipe(train_tasks=SFT_DEMOS, eval_tasks=2, sft_demos=SFT_DEMOS, sft_epochs=SFT_EPOCHS)
+    recipe = Recipe(train_tasks=SFT_DEMOS, eval_tasks=2, sft_demos=SFT_DEMOS, sft_steps=SFT_STEPS)
     train, _ = make_tasks(recipe)
-    return warm_start(recipe, root / "warm-start", LocalBlobStore(root / "warm-start" / "blobs"), train)
+    with contextlib.redirect_stdout(sys.stderr):
+        return warm_start(recipe, root / "warm-start", LocalBlobStore(root / "warm-start" / "blobs"), train)
 
 
 def dump_projection(chdb: Path) -> dict[str, list[dict[str, Any]]]:
@@ -151,8 +154,18 @@ def run_mode(p: Point, mode: str, args: argparse.Namespace, root: Path) -> dict[
     cfg = build(StackConfig, stack_mapping(p, mode, workdir, args))
     workdir.mkdir(parents=True, exist_ok=True)
     started, load = time.monotonic(), os.getloadavg()[0]
+    # More slots: more groups interleave on one rollout worker before the first batch is complete.
+    warmup_s = args.warmup_s * max(1.0, p.slots / 16)
     with open(workdir / "up.log", "w") as log, contextlib.redirect_stdout(log):
-        summary = up(cfg, stop_after_s=args.warmup_s + args.window_s)
+        summary = up(cfg, stop_after_s=warmup_s + args.window_s)
+    result = measure_run(workdir, mode)
+    result.update(load_avg_before=round(load, 2), load_avg_after=round(os.getloadavg()[0], 2),
+                  run_s=round(time.monotonic() - started, 1), infra_errors=summary.get("infra_errors"))
+    return result
+
+
+def measure_run(workdir: Path, mode: str) -> dict[str, Any]:
+    """The metrics of a finished run from its projection (raises WindowError without a steady state)."""
     rows = dump_projection(workdir / "chdb")
     result: dict[str, Any] = {"mode": mode, **measure(rows)}
     t0, t1 = result.pop("window_ms")
@@ -161,8 +174,6 @@ def run_mode(p: Point, mode: str, args: argparse.Namespace, root: Path) -> dict[
                                 rows["loaded"], t0=t0, t1=t1)
         result["round_phases_s"] = mean_phases(rounds)
         result["rounds"] = len(rounds)
-    result.update(load_avg_before=round(load, 2), load_avg_after=round(os.getloadavg()[0], 2),
-                  run_s=round(time.monotonic() - started, 1), infra_errors=summary.get("infra_errors"))
     return result
 
 
@@ -171,8 +182,12 @@ def run_point(p: Point, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"point": {**asdict(p), "tail": p.tail}}
     for mode in args.modes.split(","):
         print(f"   {mode:9s} ...", end=" ", flush=True)
-        out[mode] = run_mode(p, mode, args, root)
-        m = out[mode]
+        try:
+            out[mode] = m = run_mode(p, mode, args, root)
+        except WindowError as exc:
+            out[mode] = {"mode": mode, "error": str(exc)}
+            print(f"no result: {exc}", flush=True)
+            continue
         print(f"env {m['env_util']}, rollout {m['rollout_util']}, train {m['train_samples_per_s']} samples/s, "
               f"{m['trajectories_per_min']} traj/min, staleness {m['staleness_mean']} "
               f"({m['window_s']} s window, {m['run_s']} s run)", flush=True)
@@ -243,6 +258,22 @@ def sweep_points(head: Point, slots: str, tails: str) -> list[Point]:
     return out
 
 
+def run_sweep(head: Point, headline: dict[str, Any], args: argparse.Namespace, root: Path) -> None:
+    """Every sweep point (resuming: points already in the sweep JSON without errors are kept)."""
+    path = args.out / "decoupled_vs_coupled_sweep.json"
+    done = {Point(**{k: v for k, v in r["point"].items() if k != "tail"}).label: r
+            for r in (json.loads(path.read_text()) if path.exists() else [])
+            if all("error" not in r.get(mode, {}) for mode in ("coupled", "decoupled"))}
+    done.setdefault(head.label, headline)  # a sweep keeps its own measurement of the headline point
+    args.window_s = args.sweep_window_s
+    for p in sweep_points(head, args.sweep_slots, args.sweep_tails):
+        if p.label not in done:
+            done[p.label] = run_point(p, args, root)
+            path.write_text(json.dumps(list(done.values()), indent=1))
+    path.write_text(json.dumps(list(done.values()), indent=1))
+    print(f"\nsweep plot: {plot_sweep(list(done.values()), args.out / 'decoupled_vs_coupled_sweep.png')}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--slots", type=int, default=Point.slots, help="env slots of the headline point")
@@ -258,6 +289,7 @@ def main() -> int:
                     help="inject experience into all-fail groups (off: the coupled pipeline cannot, see NOTE)")
     ap.add_argument("--modes", default="coupled,decoupled", help=argparse.SUPPRESS)
     ap.add_argument("--sweep", action="store_true", help="also sweep env slots and tail weight (slow)")
+    ap.add_argument("--sweep-only", action="store_true", help="sweep only, with the headline JSON on disk")
     ap.add_argument("--sweep-slots", default="4,16,64", help="env slots of the sweep (at the headline tail)")
     ap.add_argument("--sweep-tails", default="1,3,30", help="p99/median of the sweep (at the headline slots)")
     ap.add_argument("--sweep-window-s", type=float, default=75.0, help="measured window of each sweep run")
@@ -278,18 +310,17 @@ def main() -> int:
         tmp = str(args.workdir or tmp)
         t0 = time.monotonic()
         args.warm_model = args.warm_model or warm_model(Path(tmp))
-        print(f"warm start: SFT of the tiny model on {SFT_DEMOS} oracle demonstrations x {SFT_EPOCHS} epochs "
+        print(f"warm start: the recipe's SFT of the tiny model on {SFT_DEMOS} oracle demonstrations "
               f"({time.monotonic() - t0:.0f} s), shared by every run", flush=True)
-        headline = run_point(head, args, Path(tmp))
-        (args.out / "decoupled_vs_coupled.json").write_text(json.dumps(headline, indent=1))
-        print("\n" + report(headline))
-        if args.sweep:
-            sweep = [headline]
-            args.window_s = args.sweep_window_s
-            for p in sweep_points(head, args.sweep_slots, args.sweep_tails):
-                sweep.append(run_point(p, args, Path(tmp)))
-            (args.out / "decoupled_vs_coupled_sweep.json").write_text(json.dumps(sweep, indent=1))
-            print(f"\nsweep plot: {plot_sweep(sweep, args.out / 'decoupled_vs_coupled_sweep.png')}")
+        head_json = args.out / "decoupled_vs_coupled.json"
+        if args.sweep_only:
+            headline = json.loads(head_json.read_text())
+        else:
+            headline = run_point(head, args, Path(tmp))
+            head_json.write_text(json.dumps(headline, indent=1))
+            print("\n" + report(headline))
+        if args.sweep or args.sweep_only:
+            run_sweep(head, headline, args, Path(tmp))
     print(json.dumps(headline))
     return 0
 

@@ -146,13 +146,14 @@ def run(bench: Bench, raw_dir: Path) -> tuple[list[Row], float, str | None]:
     return rows, elapsed, None if code in (0, 1) else f"exit {code}"
 
 
-def markdown(results: list[tuple[Bench, list[Row], float, str | None]], total_s: float, sweep: Path | None) -> str:
+def markdown(results: list[tuple[Bench, list[Row], float, str | None]], total_s: float, sweep: Path | None,
+             partial: str = "") -> str:
     lines = [
         "# dart benchmarks — latest run",
         "",
         f"`make bench` on {time.strftime('%Y-%m-%d %H:%M %Z')}: {os.cpu_count()} CPU cores shared by every process "
         f"(and by other work on the machine; load average at the end {os.getloadavg()[0]:.1f}), no GPU. "
-        f"Total {total_s / 60:.1f} min. Raw outputs: `benchmarks/results/raw/`.",
+        f"Total {total_s / 60:.1f} min{partial}. Raw outputs: `benchmarks/results/raw/`.",
         "",
         "| benchmark | headline figure | baseline | ratio | goal | command |",
         "|---|---|---|---|---|---|",
@@ -173,7 +174,8 @@ def markdown(results: list[tuple[Bench, list[Row], float, str | None]], total_s:
                   "|---|---|---|---|---|"]
         for key, name in (("env_util", "env utilisation"), ("rollout_util", "rollout utilisation"),
                           ("train_samples_per_s", "training samples/s"), ("trajectories_per_min", "trajectories/min"),
-                          ("staleness_mean", "mean staleness"), ("trajectory_s_mean", "mean trajectory s")):
+                          ("staleness_mean", "mean staleness"), ("success_rate", "trajectory success rate"),
+                          ("trajectory_s_mean", "mean trajectory s")):
             paper = {"env_util": "5.5x", "rollout_util": "1.6x", "train_samples_per_s": "1.9x"}.get(key, "")
             ratio = res["ratios"].get(key)
             lines.append(f"| {name} | {res['coupled'].get(key)} | {res['decoupled'].get(key)} | "
@@ -215,30 +217,38 @@ def plot(results: list[tuple[Bench, list[Row], float, str | None]], path: Path) 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", help="comma-separated benchmark names")
+    ap.add_argument("--only", help="comma-separated benchmark names (the others keep their rows from the last run)")
     ap.add_argument("--sweep", action="store_true", help="also run the decoupled-vs-coupled sweep (~40 min)")
     args = ap.parse_args()
-    chosen = [b for b in BENCHES if not args.only or b.name in args.only.split(",")]
-    if args.sweep:
-        chosen = [Bench(b.name, (*b.argv, "--sweep"), b.parse, 4 * 3600) if b.name == "decoupled_vs_coupled" else b
-                  for b in chosen]
+    benches = [Bench(b.name, (*b.argv, "--sweep"), b.parse, 4 * 3600)
+               if args.sweep and b.name == "decoupled_vs_coupled" else b for b in BENCHES]
+    chosen = [b for b in benches if not args.only or b.name in args.only.split(",")]
     raw_dir = RESULTS / "raw"
     raw_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     results = []
-    for bench in chosen:
+    earlier = {r["name"]: r for r in (json.loads((RESULTS / "latest.json").read_text())
+                                      if args.only and (RESULTS / "latest.json").exists() else [])}
+    for bench in benches:
+        if bench not in chosen:
+            if bench.name in earlier:  # --only: the other rows stay as last measured
+                r = earlier[bench.name]
+                results.append((bench, r["rows"], r["seconds"], r["error"]))
+            continue
         print(f"[bench] {bench.command}", flush=True)
         rows, elapsed, error = run(bench, raw_dir)
         results.append((bench, rows, elapsed, error))
         for r in rows:
-            print(f"    {r['benchmark']}: {r['headline']} vs {r['baseline']} -> {r['ratio']}x", flush=True)
+            versus = f" vs {r['baseline']} -> {r['ratio']}x" if r["ratio"] is not None else ""
+            print(f"    {r['benchmark']}: {r['headline']}{versus}", flush=True)
         print(f"    {'FAILED: ' + error if error else 'done'} in {elapsed:.0f} s", flush=True)
     total = time.monotonic() - t0
     plot(results, RESULTS / "latest.png")
     (RESULTS / "latest.json").write_text(json.dumps(
         [{"name": b.name, "command": b.command, "seconds": round(s, 1), "error": e, "rows": rs}
          for b, rs, s, e in results], indent=1))
-    (RESULTS / "latest.md").write_text(markdown(results, total, RESULTS / "decoupled_vs_coupled_sweep.png"))
+    partial = f" (run with `--only {args.only}`: the other rows are from the run before)" if args.only else ""
+    (RESULTS / "latest.md").write_text(markdown(results, total, RESULTS / "decoupled_vs_coupled_sweep.png", partial))
     print(f"[bench] {len(chosen)} benchmarks in {total / 60:.1f} min -> {RESULTS / 'latest.md'}")
     return 1 if any(e for *_, e in results) else 0
 

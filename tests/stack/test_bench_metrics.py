@@ -79,6 +79,9 @@ def test_per_minute_counts_online_training_trajectories_that_were_not_infra_erro
     trajs = [traj(t) for t in (1, 2, 3, 4)] + [traj(5, origin="oracle"), traj(6, status="infra_error"),
                                                traj(31)]
     assert m.per_minute(trajs, 0, 30_000) == pytest.approx(8.0)
+    trajs[0]["status"] = "success"
+    assert m.success_rate(trajs, 0, 30_000) == pytest.approx(1 / 4)
+    assert m.success_rate(trajs, 40_000, 50_000) is None
 
 
 def test_trajectory_seconds_is_the_mean_slot_time_of_online_trajectories_in_the_window():
