@@ -123,7 +123,7 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
         else:
             say(f"warm start: tiny Qwen2.5-VL, SFT on {recipe.sft_demos} oracle demonstrations "
                 f"({recipe.sft_steps} optimiser steps of {recipe.sft_micro_batch})")
-            warm_dir = warm_start(recipe, workdir, store, train)
+            warm_dir = warm_start(recipe, workdir, store, train, log=say)
             summary["sft_s"] = round(time.monotonic() - t0, 1)
             say(f"warm start written to {warm_dir} in {summary['sft_s']} s")
         summary["warm_model"] = str(warm_dir)
