@@ -130,6 +130,10 @@ class Recipe:
     """Gradient clip of RL."""
     micro_batch: int = 16
     """Samples per forward/backward of the RL update."""
+    ppo_epochs: int = 1
+    """Passes over each RL batch (PPO-style reuse; 1: one pass)."""
+    ppo_minibatches: int = 1
+    """Optimiser steps per pass: the batch's micro-batches dealt into this many mini-batches."""
     temperature: float = 1.0
     """Rollout sampling temperature."""
     top_p: float = 1.0
@@ -153,7 +157,7 @@ class Recipe:
 
     def __post_init__(self) -> None:
         for name in ("train_tasks", "eval_tasks", "max_steps", "sft_micro_batch", "tasks_per_update",
-                     "group_size", "micro_batch", "max_new_tokens", "eval_episodes", "engine_batch", "threads"):
+                     "group_size", "micro_batch", "ppo_epochs", "ppo_minibatches", "max_new_tokens", "eval_episodes", "engine_batch", "threads"):
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         require(0 <= self.sft_demos <= self.train_tasks, "sft_demos",
                 f"must be in [0, train_tasks={self.train_tasks}], got {self.sft_demos}")
@@ -354,7 +358,8 @@ def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Traj
     batches = micro_batches(kept, step_mask(kept, recipe.loss.entropy_top_frac), size=recipe.micro_batch,
                             pad_id=policy.pad_token_id)
     policy.model.train()
-    result = apply_update(engine, batches, recipe.loss, ref)
+    result = apply_update(engine, batches, recipe.loss, ref, epochs=recipe.ppo_epochs,
+                          minibatches=recipe.ppo_minibatches)
     policy.model.eval()
     means = result.stats.means()
     return {"samples": float(result.num_samples), "grad_norm": result.grad_norm,

@@ -52,7 +52,7 @@ def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path) -> dic
         out[f"rollout-{i}"] = {"rollout": deep_merge(rollout, cfg.rollout.options)}
     train = {"model": str(model_dir), "checkpoint_dir": str(workdir / "checkpoints"), "blobs": blobs,
              "run_id": cfg.run_id, "worker_id": "trainer", "seed": r.seed, "prompt": prompt,
-             "loss": _plain(asdict(r.loss)),
+             "loss": _plain(asdict(r.loss)), "ppo_epochs": r.ppo_epochs, "ppo_minibatches": r.ppo_minibatches,
              "optim": {"lr": r.rl_lr, "weight_decay": r.weight_decay, "max_grad_norm": r.max_grad_norm},
              "engine": {"device": "cpu", "threads": r.threads, "micro_batch_samples": r.micro_batch}}
     out["trainer"] = {"train": deep_merge(train, cfg.trainer.options)}

@@ -88,10 +88,17 @@ class TrainerConfig:
     prompt: PromptConfig = field(default_factory=PromptConfig)
     """Prompt settings: must equal the rollout workers' (a mismatch shows as dropped samples,
     ``samples/dropped_prompt_hash``)."""
+    ppo_epochs: int = 1
+    """Passes over each batch (1: one pass, the paper's setting)."""
+    ppo_minibatches: int = 1
+    """Optimiser steps per pass: the batch's micro-batches dealt into this many mini-batches;
+    with more than one step per batch, π_old is the policy before the batch and the PPO clip acts."""
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
+        require(self.ppo_epochs >= 1, "ppo_epochs", f"must be >= 1, got {self.ppo_epochs}")
+        require(self.ppo_minibatches >= 1, "ppo_minibatches", f"must be >= 1, got {self.ppo_minibatches}")
         require(self.keep_checkpoints >= 1, "keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
         require(self.publish_every >= 1, "publish_every", f"must be >= 1, got {self.publish_every}")

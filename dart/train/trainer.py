@@ -113,7 +113,8 @@ class Trainer:
                         len(prepared.dropped))
             self.state = self.state.consumed(manifest.seq, manifest.batch_id)
             return None
-        result = apply_update(self.engine, prepared.batches, self.cfg.loss, self.ref)
+        result = apply_update(self.engine, prepared.batches, self.cfg.loss, self.ref, epochs=self.cfg.ppo_epochs,
+                              minibatches=self.cfg.ppo_minibatches)
         publish = (self.state.step + 1) % self.cfg.publish_every == 0
         self.state = self.state.updated(publish=publish).consumed(manifest.seq, manifest.batch_id)
         metrics = step_metrics(result, prepared.dropped, kept=sum(b.adv_B.numel() for b in prepared.batches),

@@ -34,10 +34,55 @@ class UpdateResult:
 
 
 def apply_update(engine: Engine, batches: Sequence[ModelBatch], loss_cfg: LossConfig,
-                 ref: ReferencePolicy | None = None) -> UpdateResult:
-    """Forward/backward every micro-batch, then clip and step once. The loss of each micro-batch
-    is divided by the selected samples of the whole batch, so the accumulated gradient is the
-    full batch's seq-mean-token-mean gradient whatever the micro-batch size."""
+                 ref: ReferencePolicy | None = None, *, epochs: int = 1, minibatches: int = 1) -> UpdateResult:
+    """The policy update of one batch of micro-batches.
+
+    Default (``epochs = minibatches = 1``): forward/backward every micro-batch, then clip and
+    step once. The loss of each micro-batch is divided by the selected samples of the whole
+    batch, so the accumulated gradient is the full batch's seq-mean-token-mean gradient whatever
+    the micro-batch size.
+
+    PPO-style reuse (``epochs * minibatches > 1``): π_old is scored once for the whole batch
+    before any step; the micro-batches are dealt round-robin into ``minibatches`` mini-batches and
+    each epoch takes one optimiser step per mini-batch (its loss normalised by that mini-batch's
+    samples), so the clipped ratio bounds how far each step moves from π_old.
+    """
+    if epochs < 1 or minibatches < 1:
+        raise ValueError(f"epochs and minibatches must be >= 1, got {epochs} and {minibatches}")
+    if epochs == 1 and minibatches == 1:
+        return _single_step(engine, batches, loss_cfg, ref)
+    start = time.perf_counter()
+    with torch.no_grad():
+        old = [engine.forward(b)[0].detach() for b in batches]
+        refs = [ref.logprobs(b) if ref is not None and loss_cfg.kl_coef > 0 else None for b in batches]
+    groups = [list(range(i, len(batches), minibatches)) for i in range(min(minibatches, len(batches)))]
+    stats, grad_norm = LossStats(), 0.0
+    for epoch in range(epochs):
+        for group in groups:
+            num_samples = int(sum(int(batches[i].step_mask_B.sum()) for i in group))
+            for i in group:
+                batch = batches[i]
+                logp_B_T, entropy_B_T = engine.forward(batch)
+                device = logp_B_T.device
+                ref_logp_B_T = refs[i].to(device) if refs[i] is not None else None
+                loss, micro_stats = policy_loss(
+                    logp_B_T, old[i].to(device), batch.rollout_logp_B_T.to(device), batch.adv_B.to(device),
+                    batch.mask_B_T.to(device), loss_cfg, ref_logp_B_T=ref_logp_B_T,
+                    step_mask_B=batch.step_mask_B.to(device), sft_B=batch.sft_B.to(device),
+                    entropy_B_T=entropy_B_T, num_samples=max(num_samples, 1),
+                )
+                engine.backward(loss)
+                if epoch == epochs - 1:
+                    stats = stats + micro_stats  # the last pass: how far the update moved
+            grad_norm = engine.step()
+    return UpdateResult(stats=stats, grad_norm=grad_norm,
+                        num_samples=int(sum(int(b.step_mask_B.sum()) for b in batches)),
+                        num_tokens=int(stats.totals.get("batch/tokens", 0)),
+                        duration_s=time.perf_counter() - start)
+
+
+def _single_step(engine: Engine, batches: Sequence[ModelBatch], loss_cfg: LossConfig,
+                 ref: ReferencePolicy | None) -> UpdateResult:
     start = time.perf_counter()
     num_samples = int(sum(int(b.step_mask_B.sum()) for b in batches))
     stats = LossStats()
