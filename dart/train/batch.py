@@ -38,7 +38,8 @@ class TrainSample:
 
 @dataclass(frozen=True, slots=True)
 class Dropped:
-    """A sample left out of the update, and why (``prompt_hash``, ``unreadable``, ``ragged``)."""
+    """A sample left out of the update, and why (``prompt_hash``, ``unreadable``, ``ragged``,
+    ``vision_token``)."""
 
     rollout_id: str
     step_index: int
@@ -58,6 +59,18 @@ def check_arrays(sample: Sample) -> str | None:
     if not all(math.isfinite(x) and x <= 0.0 for x in sample.rollout_logprobs):
         return "rollout log-probs must be finite and <= 0"
     return None
+
+
+VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+"""Qwen2.5-VL's vision placeholders. A sampled response can contain one (a small policy at
+temperature 1 does); fed back to the model it would count as an image slot without an image,
+and the forward pass fails for the whole micro-batch, so such a step is dropped instead."""
+
+
+def vision_token_ids(tokenizer: Any) -> frozenset[int]:
+    unk = getattr(tokenizer, "unk_token_id", None)
+    ids = (tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS)
+    return frozenset(i for i in ids if isinstance(i, int) and i != unk)
 
 
 def prepare_samples(
@@ -82,12 +95,16 @@ def prepare_samples(
                              [s.rollout_id for s in samples]).tolist() if advantages else [0.0] * len(samples)
     kept: list[TrainSample] = []
     dropped: list[Dropped] = []
+    vision_ids = vision_token_ids(tokenizer)
     for sample, adv in zip(samples, adv_B, strict=True):
         def drop(reason: str, detail: str, s: Sample = sample) -> None:
             dropped.append(Dropped(s.rollout_id, s.step_index, reason, detail))
 
         if (problem := check_arrays(sample)) is not None:
             drop("ragged", problem)
+            continue
+        if hits := [t for t in sample.response_token_ids if t in vision_ids]:
+            drop("vision_token", f"response holds vision placeholder token(s) {sorted(set(hits))}")
             continue
         try:
             messages, images = build_messages(sample.context, load_image, prompt_cfg)

@@ -109,7 +109,7 @@ def step_metrics(result: UpdateResult, dropped: Sequence[Dropped], *, kept: int,
     """The slash-named metrics of one update (the TrainStepCompleted ``metrics`` map)."""
     metrics = dict(result.stats.means())
     reasons = Counter(d.reason for d in dropped)
-    for reason in ("prompt_hash", "unreadable", "ragged"):
+    for reason in ("prompt_hash", "unreadable", "ragged", "vision_token"):
         metrics[f"samples/dropped_{reason}"] = float(reasons.get(reason, 0))
     metrics["samples/kept"] = float(kept)
     metrics["grad/norm"] = result.grad_norm

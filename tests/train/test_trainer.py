@@ -165,3 +165,20 @@ def test_micro_batches_group_similar_lengths_and_keep_each_sample_and_its_mask(b
     seen = sorted((float(a), bool(k)) for p in parts for a, k in zip(p.adv_B, p.step_mask_B, strict=True))
     assert seen == sorted((s.advantage, bool(k)) for s, k in zip(samples, keep, strict=True))
     assert sum(p.num_tokens for p in parts) == sum(len(s.response_ids) for s, k in zip(samples, keep, strict=True) if k)
+
+
+def test_a_sampled_vision_placeholder_token_drops_that_step_not_the_batch(batch, store, tiny_policy) -> None:
+    # A small policy sampling at temperature 1 can emit <|image_pad|>; fed back it would claim an
+    # image slot with no image and fail the forward pass of the whole micro-batch.
+    pad = tiny_policy.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    bad = dataclasses.replace(batch.samples[1], response_token_ids=[*batch.samples[1].response_token_ids[:-1], pad])
+    manifest = dataclasses.replace(batch, samples=[batch.samples[0], bad, *batch.samples[2:]])
+    samples, dropped = prepare_samples(manifest, tokenizer=tiny_policy.tokenizer,
+                                       image_processor=tiny_policy.image_processor, load_image=store.get,
+                                       prompt_cfg=SMALL)
+    assert [(d.rollout_id, d.step_index, d.reason) for d in dropped] == [(bad.rollout_id, bad.step_index,
+                                                                          "vision_token")]
+    assert str(pad) in dropped[0].detail and len(samples) == len(batch.samples) - 1
+    with torch.no_grad():  # the rest still scores
+        ResponseScorer(tiny_policy.model)(**collate(samples, step_mask(samples, 1.0),
+                                                    pad_id=tiny_policy.pad_token_id).model_inputs())
