@@ -159,6 +159,15 @@ def blob_image_loader(store: BlobStore, *, cache_size: int = 64) -> Callable[[st
     return load
 
 
+def plain_text(text: str) -> str:
+    """Untrusted text (a task's instruction, the policy's earlier answers) with every ``<|``
+    broken by a zero-width space, so the tokenizer can never read a special token out of it:
+    a literal ``<|image_pad|>`` would claim an image slot, a literal ``<|im_end|>`` would end the
+    turn (prompt injection). Rollout workers and the trainer both build prompts through here,
+    so the hashes still agree."""
+    return text.replace("<|", "<\u200b|")
+
+
 def build_messages(
     ctx: PromptContext, load_image: ImageLoader, cfg: PromptConfig | None = None
 ) -> tuple[list[Message], list[Image.Image]]:
@@ -179,7 +188,7 @@ def build_messages(
             "content": [
                 {
                     "type": "text",
-                    "text": COMPUTER_USE_PROMPT.format(language=cfg.language, instruction=ctx.instruction),
+                    "text": COMPUTER_USE_PROMPT.format(language=cfg.language, instruction=plain_text(ctx.instruction)),
                 }
             ],
         },
@@ -195,7 +204,7 @@ def build_messages(
     for i, turn in enumerate(turns):
         if i in with_image:
             add_screenshot(turn.screenshot_digest)
-        messages.append({"role": "assistant", "content": turn.response_text})
+        messages.append({"role": "assistant", "content": plain_text(turn.response_text)})
     add_screenshot(ctx.screenshot_digest)
     return messages, images
 
