@@ -7,7 +7,8 @@ difference, the episode count and the wall time of each phase.
 
     .venv/bin/python benchmarks/learnability.py [--workdir DIR] [--quick] [--set key=value ...]
 
-``--set`` overrides a top-level recipe field (JSON values: ``--set updates=10 --set rl_lr=1e-3``).
+``--set`` overrides a top-level recipe field (JSON values: ``--set updates=10 --set rl_lr=1e-3``;
+``--set 'loss={"kl_coef": 0.1}'`` overrides fields of the loss).
 
 What was measured with it on the 2-core machine (2026-11-23; 200 held-out episodes, greedy;
 RL = 8 tasks x 8 rollouts per update unless said; ``--warm`` runs start from the first row's
@@ -23,7 +24,17 @@ temperature=0.7 top_p=0.9 (DART sampling)     0.400    0.385    -1.5 points
 rl_lr=1e-4 inject_experience=true             0.400    0.385    -1.5 points
 rl_lr=1e-4, T 0.7, 16 tasks x 8, 25 updates   0.400    0.410    +1.0 points
 sft_templates=[click_color] (no RL yet)       0.510    -        click_color 0.54, check_then_ok 0/11
+ppo_epochs=2 ppo_minibatches=4 (8 steps/batch)  0.400  -        flat 0.2-0.5 over 34 updates
+ppo 1 x 4, rl_lr=1e-3, T 0.7                  -        -        collapses to 0.00 by update 21
+DART loss (kl 0.1), T 0.7, ppo 2 x 4          0.400    0.405    +0.5 points
+DART loss (kl 0.1), T 0.7, rl_lr=1e-3         0.400    0.315    -8.5 points
 ============================================  =======  =======  ======================================
+
+How the fast settings fail: the collapsed policy (ppo 1 x 4, lr 1e-3) still answers
+``click(start_box='(72,72)')`` greedily, but sampled at 0.7 it writes garbage — its token
+distribution went flat. Most sampled answers fail, their negative advantages push their tokens
+down, and the cheapest way for a 420k-parameter model to lower many tokens at once is to shrink
+every logit: entropy explodes, rollouts stop succeeding, no group is mixed, learning stops.
 
 SFT alone, for scale (same seed, 100 held-out episodes): 0.23 after 200-500 steps, 0.36 after
 700, 0.45 after 1000 (26 s per 100 steps). Two ways to make grounding faster did not: 112 x 112
@@ -76,7 +87,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run instead of the recipe")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    recipe = replace(Recipe(), **(QUICK if args.quick else {}), **parse_overrides(args.overrides))
+    overrides = parse_overrides(args.overrides)
+    if isinstance(overrides.get("loss"), dict):  # --set 'loss={"kl_coef": 0.1}': fields over the recipe's loss
+        overrides["loss"] = replace(Recipe().loss, **overrides["loss"])
+    recipe = replace(Recipe(), **(QUICK if args.quick else {}), **overrides)
     with tempfile.TemporaryDirectory(prefix="dart-learnability-") as tmp:
         out = run_recipe(recipe, args.workdir or Path(tmp), warm=args.warm)
     print()
