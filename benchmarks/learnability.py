@@ -28,7 +28,13 @@ ppo_epochs=2 ppo_minibatches=4 (8 steps/batch)  0.400  -        flat 0.2-0.5 ove
 ppo 1 x 4, rl_lr=1e-3, T 0.7                  -        -        collapses to 0.00 by update 21
 DART loss (kl 0.1), T 0.7, ppo 2 x 4          0.400    0.405    +0.5 points
 DART loss (kl 0.1), T 0.7, rl_lr=1e-3         0.400    0.315    -8.5 points
+A<0 scaled x0.2, kl 0.1, T 0.7, lr 1e-3 (*)   0.400    0.385    -1.5 points, stable
+A<0 scaled x0 (successes only), T 0.7, 1e-3 (*) 0.400  0.400    +0.0 points, stable
 ============================================  =======  =======  ======================================
+
+(*) an experiment outside the repo (advantages patched in the trainer's batch preparation): with
+the negative advantages damped the collapse goes away, but the policy still does not improve in
+40 updates — the signal per update, not the instability alone, is what is missing.
 
 How the fast settings fail: the collapsed policy (ppo 1 x 4, lr 1e-3) still answers
 ``click(start_box='(72,72)')`` greedily, but sampled at 0.7 it writes garbage — its token
