@@ -4,6 +4,7 @@ Pure maths, no logging. Shapes: ``_B`` samples (one step of one trajectory each)
 response tokens (right-padded; ``mask_B_T`` is 1 on real tokens). Per token:
 
     ratio  r_t = exp(logπθ_t − logπ_old_t)        (GSPO: one ratio per sample)
+    A      ← A · s  when A < 0                 (s = negative_scale, 1 by default)
     PPO    ℓ_t = max(−A·r_t, −A·clip(r_t, 1−ε_low, 1+ε_high)), and min(ℓ_t, −A·c) when A < 0
     TIS    ℓ_t ← ℓ_t · min(exp(logπ_old_t − logπ_rollout_t), C)      (detached)
     KL     ℓ_t += β · k3(π_ref ‖ πθ),  k3 = exp(d) − d − 1, d = logπ_ref_t − logπθ_t
@@ -49,6 +50,10 @@ class LossConfig:
     """Weight of the k3 KL to the frozen reference policy; 0 turns the reference model off."""
     sft_coef: float = 1.0
     """Weight of the NLL term on samples flagged ``sft`` (off-policy successes); 0 turns it off."""
+    negative_scale: float = 1.0
+    """Negative advantages are multiplied by this (1: plain GRPO; 0: only better-than-average samples
+    learn). Below 1 it damps the push-down of sampled failures, which on a small model flattens
+    every logit at once (entropy collapse the other way) before the successes are learned."""
     entropy_top_frac: float = 1.0
     """Entropy step mask: keep only this fraction of the batch's samples, those with the highest
     mean rollout token entropy; the others get no loss. 1.0 keeps every sample."""
@@ -61,6 +66,8 @@ class LossConfig:
         require(self.tis_cap > 0.0, "loss.tis_cap", f"must be > 0, got {self.tis_cap}")
         require(self.kl_coef >= 0.0, "loss.kl_coef", f"must be >= 0, got {self.kl_coef}")
         require(self.sft_coef >= 0.0, "loss.sft_coef", f"must be >= 0, got {self.sft_coef}")
+        require(0.0 <= self.negative_scale <= 1.0, "loss.negative_scale",
+                f"must be in [0, 1], got {self.negative_scale}")
         require(0.0 < self.entropy_top_frac <= 1.0, "loss.entropy_top_frac",
                 f"must be in (0, 1], got {self.entropy_top_frac}")
 
@@ -185,7 +192,10 @@ def policy_loss(
     den = max(den, 1.0)
     mask_B_T = mask_B_T.to(logp_B_T.dtype) * sel_B[:, None]  # unselected samples: no token counts
     old_logp_B_T, rollout_logp_B_T = old_logp_B_T.detach(), rollout_logp_B_T.detach()
-    adv_B_T = adv_B.to(logp_B_T)[:, None].expand_as(logp_B_T)
+    adv_B = adv_B.to(logp_B_T)
+    if cfg.negative_scale != 1.0:
+        adv_B = torch.where(adv_B < 0, adv_B * cfg.negative_scale, adv_B)
+    adv_B_T = adv_B[:, None].expand_as(logp_B_T)
 
     ratio_B_T = ppo_ratio(logp_B_T, old_logp_B_T, mask_B_T, cfg.ratio_level)
     pg1_B_T = -adv_B_T * ratio_B_T

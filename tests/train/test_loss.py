@@ -102,6 +102,22 @@ def test_sft_term_is_nll_on_flagged_samples_only() -> None:
     assert stats.means()["loss/sft"] == pytest.approx(nll)  # reported per sft sample
 
 
+def test_negative_scale_damps_only_negative_advantages_by_hand() -> None:
+    cfg = LossConfig(kl_coef=0.0, tis="off", sft_coef=0.0, negative_scale=0.25)
+    assert one_token(1.0, 2.0, cfg)[0] == pytest.approx(-2.0)  # A > 0 untouched
+    assert one_token(1.0, -2.0, cfg)[0] == pytest.approx(0.5)  # A = -2 -> -0.5
+    assert one_token(0.5, -2.0, cfg)[0] == pytest.approx(0.5 * 0.9)  # the clip still at 1 - 0.1
+    assert one_token(20.0, -2.0, cfg)[0] == pytest.approx(0.5 * 10.0)  # dual clip of the damped A
+    zero = LossConfig(kl_coef=0.0, tis="off", sft_coef=0.0, negative_scale=0.0)
+    logp = torch.tensor([[L(0.7)], [L(0.2)]], requires_grad=True)
+    loss, _ = policy_loss(logp, torch.zeros(2, 1), torch.zeros(2, 1), torch.tensor([1.0, -1.0]), torch.ones(2, 1), zero)
+    loss.backward()
+    assert logp.grad is not None and logp.grad[1, 0] == 0.0 and logp.grad[0, 0] != 0.0
+    assert float(loss.detach()) == pytest.approx(-0.7 / 2)  # the failure still counts in the mean
+    with pytest.raises(ConfigError, match=r"loss\.negative_scale"):
+        build(LossConfig, {"negative_scale": 1.5}, path="loss")
+
+
 def test_seq_mean_token_mean_never_averages_padding() -> None:
     # Sample 0: two tokens with ratio 1.2 and 1.0 (A = 1); sample 1: one token, ratio 1.1, A = -1,
     # then padding with garbage log-probs that must not count.
