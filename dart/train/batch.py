@@ -9,6 +9,7 @@ crash. Shapes: ``_B`` samples, ``_L`` prompt+response positions, ``_T`` response
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -216,10 +217,14 @@ def micro_batches(samples: Sequence[TrainSample], step_mask_B: torch.Tensor, *, 
                   pad_id: int) -> list[ModelBatch]:
     """Micro-batches of at most ``size`` samples of similar length (less padding).
 
-    The order is deterministic (a stable sort by sequence length) and does not change the
-    update: each micro-batch's loss is normalised by the whole batch's sample count."""
+    The order is deterministic: by sequence length, ties broken by a hash of (rollout, step), so
+    the samples of one group (which arrive together and mostly share a length) spread over many
+    micro-batches. One optimiser step over all micro-batches does not depend on the order (each
+    micro-batch's loss is normalised by the whole batch's sample count); with PPO mini-batches
+    (:func:`dart.train.update.apply_update`) every step then sees many tasks, not one group."""
     lengths = [s.inputs.num_tokens + len(s.response_ids) for s in samples]
-    order = sorted(range(len(samples)), key=lengths.__getitem__)
+    mix = [hashlib.blake2b(f"{s.rollout_id}:{s.step_index}".encode(), digest_size=8).digest() for s in samples]
+    order = sorted(range(len(samples)), key=lambda j: (lengths[j], mix[j]))
     return [collate([samples[j] for j in order[i : i + size]], step_mask_B[order[i : i + size]], pad_id=pad_id)
             for i in range(0, len(samples), size)]
 

@@ -182,3 +182,18 @@ def test_a_sampled_vision_placeholder_token_drops_that_step_not_the_batch(batch,
     with torch.no_grad():  # the rest still scores
         ResponseScorer(tiny_policy.model)(**collate(samples, step_mask(samples, 1.0),
                                                     pad_id=tiny_policy.pad_token_id).model_inputs())
+
+
+def test_micro_batches_spread_each_group_over_many_micro_batches(batch, store, tiny_policy) -> None:
+    # A group's rollouts arrive together and have one length; PPO mini-batches of contiguous
+    # samples would make each optimiser step about one task. Ties are broken by a hash instead.
+    samples, _ = prepare_samples(batch, tokenizer=tiny_policy.tokenizer, image_processor=tiny_policy.image_processor,
+                                 load_image=store.get, prompt_cfg=SMALL)
+    one = samples[0]
+    same_length = [dataclasses.replace(one, rollout_id=f"g{g}:r{r}", step_index=0, advantage=float(g))
+                   for g in range(4) for r in range(4)]
+    parts = micro_batches(same_length, torch.ones(16, dtype=torch.bool), size=4, pad_id=tiny_policy.pad_token_id)
+    groups = [sorted({int(a) for a in p.adv_B}) for p in parts]
+    assert all(len(g) >= 2 for g in groups), groups  # no micro-batch is one group
+    again = micro_batches(same_length, torch.ones(16, dtype=torch.bool), size=4, pad_id=tiny_policy.pad_token_id)
+    assert [p.adv_B.tolist() for p in again] == [p.adv_B.tolist() for p in parts]  # deterministic
