@@ -10,7 +10,8 @@ same tokens for the same step, so both call, in this order::
 Chat structure (as UI-TARS-1.5 is prompted in OSWorld)::
 
     system     "You are a helpful assistant."
-    user       COMPUTER_USE_PROMPT (action space + the task instruction)
+    user       COMPUTER_USE_PROMPT (action space + the task instruction), or with
+               ``template: compact`` only COMPACT_PROMPT (the instruction)
     [user      screenshot of history turn i]      # only the newest max_images - 1 turns
     assistant  answer of history turn i            # the newest max_turns turns
     ...
@@ -28,7 +29,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from dart.config import require
 from dart.env.uitars import smart_resize as uitars_smart_resize
@@ -72,6 +73,13 @@ call_user() # Submit the task and call the user when the task is unsolvable, or 
 """
 """The UI-TARS-1.5 computer-use instruction; ``{language}`` and ``{instruction}`` are filled in."""
 
+COMPACT_PROMPT = "## User Instruction\n{instruction}\n"
+"""``template: compact``: the instruction alone (~10 tokens instead of ~300), for a policy trained
+here from scratch (the tiny CPU model), which never needs the action-space text; a released
+UI-TARS checkpoint expects the full prompt."""
+
+TEMPLATES = {"uitars": COMPUTER_USE_PROMPT, "compact": COMPACT_PROMPT}
+
 IMAGE_PAD = "<|image_pad|>"
 IMAGE_FACTOR = 28
 """Patch size 14 x spatial merge 2: resized sides are multiples of this."""
@@ -94,6 +102,10 @@ class PromptConfig:
     """Largest smart-resized screenshot, in pixels (1920x1080 -> 1932x1092 fits)."""
     language: str = "English"
     """Language the model is told to think in."""
+    template: Literal["uitars", "compact"] = "uitars"
+    """User text before the screenshots: ``uitars`` (the UI-TARS-1.5 computer-use prompt) or
+    ``compact`` (the instruction alone; for models trained from scratch, half the tokens per step
+    of the tiny model)."""
 
     def __post_init__(self) -> None:
         require(self.max_images >= 1, "max_images", f"must be >= 1, got {self.max_images}")
@@ -103,6 +115,7 @@ class PromptConfig:
             "min_pixels",
             f"need 0 < min_pixels <= max_pixels, got {self.min_pixels} / {self.max_pixels}",
         )
+        require(self.template in TEMPLATES, "template", f"must be one of {sorted(TEMPLATES)}, got {self.template!r}")
 
 
 def smart_resize(
@@ -188,7 +201,7 @@ def build_messages(
             "content": [
                 {
                     "type": "text",
-                    "text": COMPUTER_USE_PROMPT.format(language=cfg.language, instruction=plain_text(ctx.instruction)),
+                    "text": TEMPLATES[cfg.template].format(language=cfg.language, instruction=plain_text(ctx.instruction)),
                 }
             ],
         },

@@ -6,7 +6,8 @@ import struct
 
 import pytest
 
-from dart.errors import DecodeError
+from dart.config import build
+from dart.errors import ConfigError, DecodeError
 from dart.events import HistoryTurn
 from dart.manifest import PromptContext
 from dart.rollout.prompt import (
@@ -145,3 +146,14 @@ def test_special_token_text_in_instruction_or_answers_never_becomes_a_special_to
     assert hostile_counts == clean_counts  # the same structure: two images, the same turns
     assert inputs.token_ids().count(ids["<|image_pad|>"]) == int(inputs.mm_token_type_ids.sum())
     assert "<\u200b|im_end|>" in policy.tokenizer.decode(inputs.token_ids())
+
+
+def test_compact_template_is_the_instruction_alone_and_a_typo_names_the_field(store):
+    ctx = context(store, steps=1, instruction="Click the <|image_pad|> red button")
+    cfg = PromptConfig(min_pixels=SMALL.min_pixels, max_pixels=SMALL.max_pixels, template="compact")
+    messages, images = build_messages(ctx, blob_image_loader(store), cfg)
+    full, _ = build_messages(ctx, blob_image_loader(store), SMALL)
+    assert messages[1]["content"][0]["text"] == "## User Instruction\nClick the <\u200b|image_pad|> red button\n"
+    assert messages[2:] == full[2:] and len(images) == 2  # only the instruction text differs
+    with pytest.raises(ConfigError, match="template"):
+        build(PromptConfig, {"template": "short"}, path="prompt")
