@@ -13,8 +13,10 @@ difference, the episode count and the wall time of each phase.
 What was measured with it on the 2-core machine (2026-11-23; 200 held-out episodes, greedy).
 
 Current defaults (compact prompt, SFT 600 steps, RL 90 updates x 16 tasks x 8 rollouts, one pass
-dealt into 8 mini-batches that mix groups, lr 3e-4, negative advantages x0.5, KL 0), started from
-the 600-step compact-prompt warm start: warm 0.405 -> RL 0.460, **+5.5 points** (rl 672 s). Same
+dealt into 8 mini-batches that mix groups, lr 3e-4, negative advantages x0.5, KL 0), the whole
+recipe from scratch: seed 0 warm 0.300 -> RL 0.400, **+10.0 points** (sft 99 s, rl 863 s, total
+16.2 min); seed 1 warm 0.360 -> RL 0.290, **-7.0 points** (total 17.4 min). The gain is not
+reliable: two seeds, +1.5 on average. From a separate 600-step warm start (0.405): 0.460, +5.5. Same
 but 32 tasks x 4 rollouts: -4.0; lr 6e-4: rollout success fell to ~0.38 (stopped at 55 updates);
 90 more updates from the +5.5 policy: rollout success flat around 0.47 (stopped at 76).
 
