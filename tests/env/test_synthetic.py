@@ -91,6 +91,23 @@ def test_tiny_preset_fits_a_tiny_model():
         assert 1 <= len(oracle_plan(t)) <= 2
 
 
+def test_tiny_quadrants_have_their_own_shade_under_the_widgets_and_are_not_clickable():
+    from dart.env.synthetic.generator import TINY_SHADES
+
+    for task in generate_tasks(20, preset="tiny", seed=0):
+        spec = screen_of(task)
+        img = Image.open(io.BytesIO(render_png(spec, initial_state(spec)))).convert("RGB")
+        # (2, 2) lies in the margin of each quadrant, outside every slot (slots start 6 px in).
+        for (x, y), shade in zip(((2, 2), (58, 2), (2, 58), (58, 58)), TINY_SHADES, strict=True):
+            assert img.getpixel((x, y)) == shade, (task["id"], x, y)
+        from dart.env.synthetic.screen import hit_test
+
+        assert hit_test(spec, initial_state(spec), 1.0, 1.0) is None  # under (1, 1) lies only a panel
+    # The shades are part of the task: the same screen without them would be another task.
+    assert all(sum(w["kind"] == "panel" for w in screen_of(t)["widgets"]) == 4
+               for t in generate_tasks(20, preset="tiny", seed=0))
+
+
 def test_clicks_count_inside_the_grown_hit_box_only():
     task = next(t for t in generate_tasks(50, preset="tiny", seed=0) if "red" in t["instruction"])
     red = next(w for w in screen_of(task)["widgets"] if w.get("name") == "red")

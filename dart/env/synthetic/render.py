@@ -48,6 +48,8 @@ def _draw_widget(draw: ImageDraw.ImageDraw, font: Any, w: dict[str, Any], state:
     match w["kind"]:
         case "label":
             draw.text((x0, y0), str(w.get("text", "")), fill=_INK, font=font)
+        case "panel":
+            draw.rectangle([x0, y0, x1 - 1, y1 - 1], fill=tuple(w.get("color", (236, 236, 236))))
         case "button":
             color = tuple(w.get("color", (200, 200, 200)))
             pressed = w["name"] in state.get("pressed", ())

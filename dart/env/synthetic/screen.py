@@ -8,7 +8,8 @@ A *spec* is the JSON-able description of one task's screen (it rides inside the 
                   "box": [8, 8, 52, 52], "page": 0, "on_click": "submit"}, ...]}
 
 Widget kinds: ``button`` (``on_click``: submit | next | back), ``checkbox``, ``textfield``,
-``list`` (``items``, ``visible`` rows, scrollable) and ``label``. A *state* is a JSON-able
+``list`` (``items``, ``visible`` rows, scrollable), ``label`` and ``panel`` (a filled
+rectangle, ``color``, drawn where it stands in the list: a region's background). A *state* is a JSON-able
 dict (what ``/synthetic/state.json`` holds). ``apply(spec, state, action)`` returns the next
 state and never mutates its input; there is no clock and no randomness here.
 """
@@ -21,7 +22,7 @@ from typing import Any
 from dart.env.actions import Action, Click, Hotkey, LeftDouble, Scroll, Type
 from dart.errors import ConfigError
 
-WIDGET_KINDS = frozenset({"button", "checkbox", "textfield", "list", "label"})
+WIDGET_KINDS = frozenset({"button", "checkbox", "textfield", "list", "label", "panel"})
 BUTTON_EFFECTS = frozenset({"submit", "next", "back"})
 INTERACTIVE = frozenset({"button", "checkbox", "textfield", "list"})
 
