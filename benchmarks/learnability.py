@@ -10,79 +10,65 @@ difference, the episode count and the wall time of each phase.
 ``--set`` overrides a top-level recipe field (JSON values: ``--set updates=10 --set rl_lr=1e-3``;
 ``--set 'loss={"kl_coef": 0.1}'`` overrides fields of the loss).
 
-What was measured with it on the 2-core machine (2026-11-23; 200 held-out episodes, greedy).
+What was measured with it on the 2-core machine (2026-11-24; 200 held-out episodes, greedy).
 
-Current defaults (compact prompt, SFT 600 steps, RL 90 updates x 16 tasks x 8 rollouts, one pass
-dealt into 8 mini-batches that mix groups, lr 3e-4, negative advantages x0.5, KL 0), the whole
-recipe from scratch: seed 0 warm 0.300 -> RL 0.400, **+10.0 points** (sft 99 s, rl 863 s, total
-16.2 min); seed 1 warm 0.360 -> RL 0.290, **-7.0 points** (total 17.4 min). The gain is not
-reliable: two seeds, +1.5 on average. From a separate 600-step warm start (0.405): 0.460, +5.5. Same
-but 32 tasks x 4 rollouts: -4.0; lr 6e-4: rollout success fell to ~0.38 (stopped at 55 updates);
-90 more updates from the +5.5 policy: rollout success flat around 0.47 (stopped at 76).
+The defaults: SFT until greedy success on 100 training episodes reaches 0.5 (checked every 25
+steps), then 80 GRPO updates of 64 tasks x 8 rollouts, one optimiser step of lr 3e-4 on the whole
+batch (~500 samples of mixed groups), negative advantages x0.5, T 1.0. From scratch, seed 0:
+warm 0.540 -> RL **0.680, +14.0 points** (SFT stopped at step 1650, 78 s; RL 423 s).
 
-Earlier rows, full UI-TARS prompt, SFT 700 steps, RL = 8 tasks x 8 rollouts per update, one
-optimiser step per update unless said; ``--warm`` runs start from the first row's warm start:
+Why the tiny policy did not ground before, and what fixed it. SFT alone, held-out exact match of
+the oracle answer (teacher-forced; click_color tasks, chance ~0.27):
+
+============================================  ========================================
+screens                                       held-out click_color after N SFT steps
+============================================  ========================================
+280 x 280 (100 image tokens), no cues         0.27 at 600 (chance), 0.32 at 600 earlier
+112 x 112 (16 tokens), no cues                0.29 at 1000, 0.50 at 1500, 0.68 at 3000
+56 x 56 (4 tokens, one per button), no cues   0.27 at 800, 0.37 at 1500
+56 x 56, quadrant shades                      0.27 at 1000 (chance)
+112 x 112, quadrant shades (the tiny preset)  0.52 at 1000, 0.82 at 1500, 0.96 at 2000, 1.00 at 2500
+============================================  ========================================
+
+Qwen2.5-VL's vision tower has no absolute position embedding: a patch's place reaches the
+language model only through rotary attention, so "which quadrant holds the red button" has to
+be learned as a positional attention pattern, and a from-scratch 420k-parameter model sat on the
+plateau (the format learned, the target not) for 1000+ steps. With each quadrant's own grey
+shade inside every patch, where a button is becomes part of what it looks like. The 16-token
+screens also make a step ~75 tokens: an SFT step costs ~30 ms instead of ~140 ms, 200 greedy
+held-out episodes take ~1.3 s, an RL update of 512 rollouts ~5 s.
+
+RL from the warm starts this gives (one process; updates x tasks x rollouts, lr, mini-batches):
 
 ============================================  =======  =======  ======================================
 configuration                                 warm     RL       note
 ============================================  =======  =======  ======================================
-SFT 700 steps; RL 40 x lr 3e-4                0.400    0.395    -0.5 points; 276 s SFT, 461 s RL
-rl_lr=1e-3                                    -        -        rollout success 0.44 -> 0.14 in 6 updates
-rl_lr=3e-3                                    -        -        collapses: 0.44 -> 0.06 in 3 updates
-temperature=0.7 top_p=0.9 (DART sampling)     0.400    0.385    -1.5 points
-rl_lr=1e-4 inject_experience=true             0.400    0.385    -1.5 points
-rl_lr=1e-4, T 0.7, 16 tasks x 8, 25 updates   0.400    0.410    +1.0 points
-sft_templates=[click_color] (no RL yet)       0.510    -        click_color 0.54, check_then_ok 0/11
-ppo_epochs=2 ppo_minibatches=4 (8 steps/batch)  0.400  -        flat 0.2-0.5 over 34 updates
-ppo 1 x 4, rl_lr=1e-3, T 0.7                  -        -        collapses to 0.00 by update 21
-DART loss (kl 0.1), T 0.7, ppo 2 x 4          0.400    0.405    +0.5 points
-DART loss (kl 0.1), T 0.7, rl_lr=1e-3         0.400    0.315    -8.5 points
-negative_scale=0 (successes only), 1e-3, 2x4  0.400    0.260    -14.0: every first click (208,208)
-negative_scale=0.25, 1e-3, 2x4                0.400    0.315    -8.5 points
-from +200 SFT steps: defaults                 0.520    0.525    +0.5 points
-  ppo 1 x 8 (mini-batches were one group each)  0.520  0.475    -4.5 points
-  ppo 1 x 8, negative_scale=0.5               0.520    0.535    +1.5 points
-  same, lr 1e-3, 60 updates                   0.520    0.500    -2.0 points
-  same + inject_experience                    0.520    0.525    +0.5 points
-  16 tasks x 8, ppo 2 x 8, neg 0.5, 45 upd.   0.520    0.505    -1.5 points
-from +300 SFT steps (lr 3e-4): defaults       0.670    0.625    -4.5 points
+SFT 1000 fixed steps; 90 x 16 x 8, 3e-4, 8 mb  0.270   -        still on the plateau; rollout ~0.3-0.4
+SFT 2000, 'yellow' withheld; 90 x 16 x 8       0.705    0.665    -4.0 points
+SFT 3000, 'yellow' withheld; 40 x 32 x 8, 1 mb 0.775    -        rollout flat at 0.83
+  same, lr 1e-3                               0.775    -        rollout swings 0.47-0.93
+  same, 4 PPO epochs, lr 1e-3                 0.775    -        rollout 0.47-0.90, groups all-same
+  80 x 64 x 8, lr 5e-4, 1 mb                  0.775    0.810    +3.5 points
+  T 1.5                                       0.775    -        ~20 s an update (garbage answers)
+SFT to 0.5 on training tasks (step 1650)      0.540
+  129 x 16 x 8, 3e-4, 8 mb                    0.540    -        rollout wanders 0.45-0.6
+  90 x 32 x 8, 1e-3, 2 mb / 1 mb (neg x1)     0.540    -        rollout 0.50-0.67, groups go all-same
+  120 x 64 x 4, 1e-3, 2 mb, neg x1            0.540    0.325    -21.5: training tasks up, held-out down
+  80 x 64 x 8, 3e-4, 1 mb (the defaults)      0.540    0.680    **+14.0**; rollout 0.47 -> 0.76
 ============================================  =======  =======  ======================================
 
-Why RL gains so little here, measured:
+Withholding a word from the demonstrations leaves the warm start *confidently* wrong on it: on 8
+yellow training tasks the oracle answer had probability 0.00 on five; RL turned the three it
+sometimes solved to 0.99-1.00 within 15 updates and never sampled a success on the others. A
+warm start stopped mid-way through SFT's jump is still unsure where it is wrong (sampled success
+0.45 against greedy 0.54), so groups are mixed and GRPO has something to sharpen; it then needs
+many tasks per update and one clean step: small or split batches gave each Adam step a few noisy
+samples, and at lr 1e-3 the policy learned the training tasks and lost the held-out ones.
 
-- The 700-step warm start barely grounds: its greedy first click is (72,72) in 154 of 200
-  episodes, and success by button count is 0.53 / 0.49 / 0.33 for 2 / 3 / 4 buttons (chance 0.50 /
-  0.33 / 0.25). It sits just before SFT's jump: continuing SFT from it with a fresh AdamW gives
-  0.50 / 0.52 / 0.61 after +100 / +200 / +300 steps at lr 1e-3, 0.38 / 0.485 / 0.67 at 3e-4.
-- Per optimiser step GRPO moves it ~10x less than SFT. 32 fixed training tasks, 4 rounds of 8
-  rollouts each, one GRPO step per 8 samples (~135 steps): greedy success on those tasks 0.53 ->
-  0.66, held-out 0.52 -> 0.55; SFT on the same 32 tasks' demonstrations, 12 steps of 8: 0.53 ->
-  0.72, held-out 0.545. Groups whose rollouts all fail carry no GRPO signal, and every other
-  group's signal is a noisy estimate where SFT has the answer.
-- Learning only from one's own successes amplifies the policy's bias (the -14.0 row: it settled
-  on one quadrant); full-weight negatives flatten a small policy's logits at lr >= 1e-3.
-- Mini-batches were whole groups until the trainer's micro-batches broke length ties by a hash
-  (before, each PPO step was about one or two tasks).
-
-The collapse at high learning rates: the collapsed policy (ppo 1 x 4, lr 1e-3) still answers
-``click(start_box='(72,72)')`` greedily, but sampled at 0.7 it writes garbage — its token
-distribution went flat. Most sampled answers fail, their negative advantages push their tokens
-down, and the cheapest way for a 420k-parameter model to lower many tokens at once is to shrink
-every logit: entropy explodes, rollouts stop succeeding, no group is mixed, learning stops.
-
-SFT alone, for scale (100 held-out episodes): 0.23 after 200-500 steps, 0.36 after 700, 0.45
-after 1000 (26 s per 100 steps); with the compact prompt 0.23 / 0.25 / 0.29 / 0.31 / 0.43 / 0.39
-after 200 / 300 / 400 / 500 / 600 / 700 (14 s per 100 steps). Ways to make grounding faster
-that did not: 112 x 112 screens at their own size (16 image tokens, ``convention=qwen2vl``) 0.32
-at 1000, 0.34 at 2000; a model twice as wide (58 s per 100 steps) 0.39 at 600; quadrant
-background tints 0.36 at 700; a 4-layer language model 0.33 at 700.
-
-The whole stack, ``make run`` with these defaults (2026-11-23 19:00, 13 min of asynchronous RL):
-warm start 0.300, RL 0.270 (-3.0) after only 28 trainer updates (4,302 trajectories): in the
-stack the trainer shares two cores with the rollout worker, the env worker, the broker and the
-data manager (which took ~43 % of a core), so it runs ~3x fewer updates per minute than this
-one-process loop. The previous defaults' ``make run``: 0.400 -> 0.400 in 30 updates. The
-10-point goal of ``make run`` is not met by any of these.
+Before 2026-11-24 (280 x 280 screens without shades, full UI-TARS prompt or compact, SFT 600-700
+steps): the warm start was at chance (0.30-0.40), and no RL setting tried gave a reliable gain
+(seeds 0/1 of the then defaults: +10.0 / -7.0; DART sampling, experience injection, PPO reuse,
+DART's KL, damped or dropped negatives: -14.0 ... +1.5). Those runs are in this file's history.
 """
 
 from __future__ import annotations

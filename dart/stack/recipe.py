@@ -7,7 +7,7 @@ workers, the UI-TARS parser, the synthetic backend and its evaluator, the traine
 preparation, loss and update, and ``dart train --sft`` — wired in-process without the bus::
 
     init = build_tiny(...)                                   # random-weight policy
-    warm = run_sft(oracle_samples(train tasks))              # deliberately partial warm start
+    warm = run_sft(oracle_samples(train tasks))              # partial: stops at a target success
     evaluate(warm, eval tasks)                               # held-out success, >= 200 episodes
     for each update:                                         # step-wise GRPO
         trajectories = rollout_groups(engine, G rollouts of N train tasks)
@@ -23,8 +23,9 @@ import asyncio
 import copy
 import json
 import random
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -98,12 +99,15 @@ class Recipe:
     """First generator seed of the held-out tasks."""
     max_steps: int = 3
     """Policy turns per episode (the oracle needs 1-2 on 'tiny')."""
-    prompt: PromptConfig = field(default_factory=lambda: PromptConfig(template="compact"))
+    prompt: PromptConfig = field(default_factory=lambda: PromptConfig(template="compact", min_pixels=112 * 112))
     """Prompt builder settings (the rollout workers and the trainer must use the same). The
-    compact template (instruction alone, ~110 tokens a step instead of ~400) halves the CPU time
-    of every SFT step, rollout and update; per step it learns as the full UI-TARS prompt does."""
-    convention: Literal["qwen25vl", "qwen2vl"] = "qwen25vl"
-    """Coordinate convention of the answers (the rollout workers' ``convention``)."""
+    compact template (instruction alone) and screens kept at their own 112 x 112 size (16 image
+    tokens instead of the 100 that UI-TARS' 280 x 280 minimum makes) bring a step to ~75 tokens:
+    an SFT step costs ~30 ms instead of ~140 ms, and it grounds as fast per step."""
+    convention: Literal["qwen25vl", "qwen2vl"] = "qwen2vl"
+    """Coordinate convention of the answers (the rollout workers' ``convention``): qwen2vl's
+    0-1000 frame does not depend on the prompt's pixel bounds (qwen25vl's resized-pixel frame
+    is only rendered for UI-TARS' default bounds)."""
     thought: str | None = None
     """Thought line of the oracle answers (None: ``Action: ...`` only, ~13 tokens)."""
     sft_demos: int = 400
@@ -111,17 +115,29 @@ class Recipe:
     sft_templates: tuple[str, ...] = ()
     """Only tasks of these templates give demonstrations (empty: every template); the others
     must be learned by RL from reward alone."""
-    sft_steps: int = 600
-    """SFT optimiser steps (micro-batches of fresh shuffles of the demonstrations); few enough
-    that the warm start is partial and RL has room."""
+    sft_withhold: tuple[str, ...] = ()
+    """Tasks whose instruction names one of these words give no demonstrations (case-insensitive
+    whole words): the warm start never sees them solved, RL learns them from reward alone."""
+    sft_steps: int = 3000
+    """Most SFT optimiser steps (micro-batches of fresh shuffles of the demonstrations); with
+    ``sft_target_success`` SFT usually stops long before (~1,500 steps)."""
+    sft_target_success: float | None = 0.5
+    """Stop SFT early, at the first check where greedy success on training tasks reaches this
+    (a partial warm start at a chosen level, whatever the seed; None: run all ``sft_steps``)."""
+    sft_check_every: int = 25
+    """SFT steps between two checks of ``sft_target_success``."""
+    sft_check_episodes: int = 100
+    """Greedy episodes on training tasks per check (never the held-out tasks)."""
     sft_lr: float = 1e-3
     """AdamW learning rate of the warm start."""
     sft_micro_batch: int = 8
     """Samples per SFT optimiser step."""
-    updates: int = 90
+    updates: int = 80
     """RL policy updates."""
-    tasks_per_update: int = 16
-    """Tasks (GRPO groups) rolled out per update."""
+    tasks_per_update: int = 64
+    """Tasks (GRPO groups) rolled out per update. Many tasks and one clean optimiser step per
+    update is what learns here: with 16 tasks, or one batch cut into 8 PPO mini-batches, each
+    Adam step saw a few noisy samples and success wandered (see benchmarks/learnability.py)."""
     group_size: int = 8
     """Rollouts per task."""
     rl_lr: float = 3e-4
@@ -134,8 +150,9 @@ class Recipe:
     """Samples per forward/backward of the RL update."""
     ppo_epochs: int = 1
     """Passes over each RL batch (PPO-style reuse; 1: one pass)."""
-    ppo_minibatches: int = 8
-    """Optimiser steps per pass: the batch's micro-batches dealt into this many mini-batches."""
+    ppo_minibatches: int = 1
+    """Optimiser steps per pass: the batch's micro-batches dealt into this many mini-batches
+    (1: one step on the whole batch)."""
     temperature: float = 1.0
     """Rollout sampling temperature."""
     top_p: float = 1.0
@@ -155,12 +172,12 @@ class Recipe:
     """Held-out episodes per evaluation (tasks are cycled when fewer)."""
     eval_temperature: float = 0.0
     """Evaluation sampling temperature (0: greedy)."""
-    engine_batch: int = 32
+    engine_batch: int = 64
     """Most prompts the hf engine answers in one generate call."""
 
     def __post_init__(self) -> None:
         for name in ("train_tasks", "eval_tasks", "max_steps", "sft_micro_batch", "tasks_per_update",
-                     "group_size", "micro_batch", "ppo_epochs", "ppo_minibatches", "max_new_tokens", "eval_episodes", "engine_batch", "threads"):
+                     "group_size", "micro_batch", "sft_check_every", "sft_check_episodes", "ppo_epochs", "ppo_minibatches", "max_new_tokens", "eval_episodes", "engine_batch", "threads"):
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         require(0 <= self.sft_demos <= self.train_tasks, "sft_demos",
                 f"must be in [0, train_tasks={self.train_tasks}], got {self.sft_demos}")
@@ -169,6 +186,8 @@ class Recipe:
         require(self.sft_steps == 0 or self.sft_demos >= 1, "sft_demos", "SFT steps need >= 1 demonstration")
         require(self.group_size >= 2, "group_size", f"GRPO needs >= 2 rollouts per task, got {self.group_size}")
         require(self.tasks_per_update <= self.train_tasks, "tasks_per_update", "must be <= train_tasks")
+        require(self.sft_target_success is None or 0.0 < self.sft_target_success <= 1.0, "sft_target_success",
+                f"must be in (0, 1] or null, got {self.sft_target_success}")
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -257,7 +276,9 @@ def template_of(task: dict[str, Any]) -> str:
 def demo_tasks(train: Sequence[dict[str, Any]], recipe: Recipe) -> list[dict[str, Any]]:
     """The training tasks whose oracle solutions are the SFT data: the first ``sft_demos`` of the
     ``sft_templates`` (all templates when empty)."""
-    pool = [t for t in train if not recipe.sft_templates or template_of(t) in recipe.sft_templates]
+    withheld = {w.lower() for w in recipe.sft_withhold}
+    pool = [t for t in train if (not recipe.sft_templates or template_of(t) in recipe.sft_templates)
+            and not withheld & set(re.findall(r"\w+", t["instruction"].lower()))]
     return pool[: recipe.sft_demos]
 
 
@@ -278,7 +299,9 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
     The maths of ``dart train --sft`` (prompt rebuild with hash check, plain NLL, the torch
     engine, ``save_policy_dir``; the same data is written to ``workdir/sft.jsonl``), counted in
     optimiser steps instead of epochs: ``sft_steps`` micro-batches of ``sft_micro_batch``, cut from a
-    fresh shuffle of the demonstrations every pass (a short last chunk is left out).
+    fresh shuffle of the demonstrations every pass (a short last chunk is left out). With
+    ``sft_target_success``, every ``sft_check_every`` steps the policy plays ``sft_check_episodes``
+    greedy episodes of training tasks, and SFT stops once their success reaches the target.
     """
     import torch
 
@@ -303,25 +326,43 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
     engine = TorchEngine(policy.model, OptimConfig(lr=recipe.sft_lr, weight_decay=0.0),
                          EngineConfig(device="cpu", threads=recipe.threads))
     rng = random.Random(recipe.seed)
+    check = random.Random(f"{recipe.seed}:sft-check").sample(list(train), min(len(train), recipe.sft_check_episodes))
     size = min(recipe.sft_micro_batch, len(kept))
-    step, losses = 0, []
-    while step < recipe.sft_steps:
-        order = rng.sample(kept, len(kept))
-        for i in range(0, len(order) - size + 1, size):
-            batch = collate(order[i : i + size], torch.ones(size, dtype=torch.bool), pad_id=policy.pad_token_id)
-            logp_B_T, _ = engine.forward(batch)
-            loss, _ = nll_loss(logp_B_T, batch.mask_B_T)
-            engine.backward(loss)
-            engine.step()
-            losses.append(float(loss.detach()))
-            step += 1
-            if step % 100 == 0 or step == recipe.sft_steps:
-                log(f"sft step {step}/{recipe.sft_steps}: nll {sum(losses) / len(losses):.4f}")
-                losses = []
-            if step == recipe.sft_steps:
+    losses: list[float] = []
+    for step, chunk in enumerate(shuffled_chunks(kept, size, rng), start=1):
+        batch = collate(chunk, torch.ones(size, dtype=torch.bool), pad_id=policy.pad_token_id)
+        logp_B_T, _ = engine.forward(batch)
+        loss, _ = nll_loss(logp_B_T, batch.mask_B_T)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+        if step % 100 == 0 or step == recipe.sft_steps:
+            log(f"sft step {step}/{recipe.sft_steps}: nll {sum(losses) / len(losses):.4f}")
+            losses = []
+        if recipe.sft_target_success is not None and step % recipe.sft_check_every == 0:
+            success = evaluate(policy, check, recipe.sft_check_episodes, store=store, recipe=recipe, phase=-step)
+            policy.model.train()
+            log(f"sft step {step}: training-task success {success:.3f} (target {recipe.sft_target_success})")
+            if success >= recipe.sft_target_success:
+                log(f"sft step {step}: warm start reached its target")
                 break
+        if step == recipe.sft_steps:
+            break
     save_policy_dir(engine, policy, workdir / "warm")
     return workdir / "warm"
+
+
+def shuffled_chunks(items: Sequence[Any], size: int, rng: random.Random) -> Iterator[list[Any]]:
+    """Endless chunks of ``size`` items, each pass over ``items`` a fresh shuffle
+    (:func:`dart.train.sft.epoch_chunks`); a short last chunk of a pass is left out."""
+    from dart.train.sft import epoch_chunks
+
+    if not 1 <= size <= len(items):
+        raise ValueError(f"chunk size must be in [1, {len(items)}], got {size}")
+    while True:
+        for chunk in epoch_chunks(len(items), size, rng):
+            if len(chunk) == size:
+                yield [items[i] for i in chunk]
 
 
 def injected_samples(trajectories: Sequence[Trajectory], tasks: dict[str, dict[str, Any]], policy: Policy,

@@ -59,6 +59,25 @@ def test_demo_tasks_are_the_first_sft_demos_of_the_listed_templates() -> None:
     assert demo_tasks(train, Recipe(train_tasks=30, sft_demos=5)) == train[:5]
 
 
+def test_withheld_words_give_no_demonstrations() -> None:
+    train = generate_tasks(60, preset="tiny", seed=0)
+    demos = demo_tasks(train, Recipe(train_tasks=60, sft_demos=60, sft_withhold=("Yellow",)))
+    assert demos == [t for t in train if "yellow" not in t["instruction"]]
+    assert len(demos) < len(train)  # some tasks did name yellow
+    both = demo_tasks(train, Recipe(train_tasks=60, sft_demos=60, sft_withhold=("yellow", "box")))
+    assert both == [t for t in demos if not t["instruction"].startswith("Check the box")]
+    # Whole words only: withholding "red" keeps a task that names no red, whatever its other words.
+    assert all("red" not in t["instruction"].split()
+               for t in demo_tasks(train, Recipe(train_tasks=60, sft_demos=60, sft_withhold=("red",))))
+
+
+def test_recipe_refuses_a_target_success_outside_0_1() -> None:
+    for bad in (0.0, 1.5, -0.2):
+        with pytest.raises(ConfigError, match="sft_target_success"):
+            Recipe(sft_target_success=bad)
+    assert Recipe(sft_target_success=1.0).sft_target_success == 1.0
+
+
 def test_injected_oracle_solution_joins_each_all_fail_group_only(tmp_path: Path) -> None:
     from dart.blobs import LocalBlobStore
     from dart.rollout.model import build_tiny, load_policy
@@ -75,20 +94,61 @@ def test_injected_oracle_solution_joins_each_all_fail_group_only(tmp_path: Path)
 
 def test_oracle_text_parses_back_to_the_oracle_action() -> None:
     action = oracle_plan(CLICK_TASK)[0]
-    text = oracle_text(action, (112, 112), Recipe())
+    recipe = Recipe()
+    text = oracle_text(action, (112, 112), recipe)
     assert text.startswith("Action: click(start_box='(")
     assert "Thought" not in text
-    (parsed,) = parse_actions(text, screen=(112, 112))
+    (parsed,) = parse_actions(text, screen=(112, 112), convention=recipe.convention,
+                              min_pixels=recipe.prompt.min_pixels, max_pixels=recipe.prompt.max_pixels)
     assert isinstance(parsed, Click)
     assert (parsed.x, parsed.y) == (pytest.approx(action.x, abs=0.5), pytest.approx(action.y, abs=0.5))
 
 
 def test_oracle_text_refuses_pixel_bounds_the_renderer_does_not_use() -> None:
-    small = Recipe(prompt=PromptConfig(min_pixels=56 * 56, max_pixels=56 * 56))
+    small = Recipe(prompt=PromptConfig(min_pixels=56 * 56, max_pixels=56 * 56), convention="qwen25vl")
     with pytest.raises(ConfigError, match="pixel"):
         oracle_text(Click(x=83.0, y=29.0), (112, 112), small)
     relative = Recipe(prompt=small.prompt, convention="qwen2vl")
     assert oracle_text(Click(x=83.0, y=29.0), (112, 112), relative) == "Action: click(start_box='(741,259)')"
+
+
+def test_shuffled_chunks_are_full_fresh_shuffles_every_pass() -> None:
+    import itertools
+    import random
+
+    from dart.stack.recipe import shuffled_chunks
+
+    chunks = list(itertools.islice(shuffled_chunks(list(range(10)), 4, random.Random(0)), 6))
+    assert all(len(c) == 4 for c in chunks)  # 10 items: two chunks a pass, the short third left out
+    first, second = chunks[0] + chunks[1], chunks[2] + chunks[3]
+    assert len(set(first)) == len(set(second)) == 8 and first != second
+    with pytest.raises(ValueError, match="chunk size"):
+        next(shuffled_chunks([1, 2], 3, random.Random(0)))
+
+
+def test_sft_stops_at_the_first_check_that_reaches_its_target(tmp_path: Path, monkeypatch) -> None:
+    """The check is a seam: scripted success rates stand in for greedy episodes of the policy."""
+    import dart.stack.recipe as recipe_mod
+    from dart.blobs import LocalBlobStore
+
+    scripted, calls = iter([0.2, 0.6, 0.9]), []
+
+    def fake_evaluate(policy, tasks, episodes, *, store, recipe, phase=0):
+        calls.append(([t["id"] for t in tasks], episodes))
+        return next(scripted)
+
+    monkeypatch.setattr(recipe_mod, "evaluate", fake_evaluate)
+    recipe = Recipe(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=50, sft_micro_batch=2, tasks_per_update=2,
+                    sft_target_success=0.5, sft_check_every=3, sft_check_episodes=4)
+    train, held_out = recipe_mod.make_tasks(recipe)
+    lines: list[str] = []
+    warm = recipe_mod.warm_start(recipe, tmp_path, LocalBlobStore(tmp_path / "blobs"), train, log=lines.append)
+    assert (warm / "model.safetensors").is_file()
+    assert len(calls) == 2  # steps 3 and 6; the second reached 0.6 >= 0.5
+    assert lines[-2:] == ["sft step 6: training-task success 0.600 (target 0.5)", "sft step 6: warm start reached its target"]
+    checked = {i for ids, _ in calls for i in ids}
+    assert checked <= {t["id"] for t in train} and not checked & {t["id"] for t in held_out}
+    assert all(n == 4 for _, n in calls)
 
 
 def test_eval_schedule_cycles_tasks_in_order() -> None:
