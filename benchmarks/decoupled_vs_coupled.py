@@ -121,7 +121,7 @@ def warm_model(root: Path) -> Path:
     from dart.blobs import LocalBlobStore
     from dart.stack.recipe import Recipe, make_tasks, warm_start
 
-    recipe = Recipe(train_tasks=SFT_DEMOS, eval_tasks=2, sft_demos=SFT_DEMOS, sft_steps=SFT_STEPS)
+    recipe = Recipe(train_tasks=SFT_DEMOS, eval_tasks=2, sft_demos=SFT_DEMOS, sft_steps=SFT_STEPS, sft_target_success=None)
     train, _ = make_tasks(recipe)
     with contextlib.redirect_stdout(sys.stderr):
         return warm_start(recipe, root / "warm-start", LocalBlobStore(root / "warm-start" / "blobs"), train)
