@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 
 import pytest
 import torch
@@ -115,12 +116,18 @@ async def test_weight_swap_mid_stream_fails_nothing_and_stamps_versions(tiny_dir
     other = state_dict_from_bytes(state_dict_to_bytes(load_policy(build_tiny(tmp_path / "v1", seed=1)).model))
     engine = HFEngine(own, HFEngineConfig(max_batch_size=2))
     req = request(store, max_new_tokens=16)
+    # The first batch is held inside its generate call until the newer version has been seen
+    # (a fixed 50 ms sleep raced a batch that had already finished).
+    gate, run_batch = threading.Event(), engine._run_batch
+    engine._run_batch = lambda batch: (gate.wait(30), run_batch(batch))[1]
     try:
         first = [asyncio.create_task(engine.generate(req)) for _ in range(2)]
-        await asyncio.sleep(0.05)  # the first batch is running
+        while not engine._lock.locked():  # the first batch is running
+            await asyncio.sleep(0.005)
         engine.note_version_seen(1)
         swap = asyncio.create_task(engine.swap_weights(1, other))
         later = [asyncio.create_task(engine.generate(req)) for _ in range(3)]
+        gate.set()
         before = await asyncio.gather(*first)
         swap_s = await swap
         after = await asyncio.gather(*later)

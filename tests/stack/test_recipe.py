@@ -54,21 +54,21 @@ def test_demo_tasks_are_the_first_sft_demos_of_the_listed_templates() -> None:
     train = generate_tasks(30, preset="tiny", seed=0)
     kinds = [template_of(t) for t in train]
     assert {"click_color", "check_then_ok"} <= set(kinds)
-    only = demo_tasks(train, Recipe(train_tasks=30, sft_demos=4, sft_templates=("check_then_ok",)))
+    only = demo_tasks(train, Recipe(train_tasks=30, tasks_per_update=8, sft_demos=4, sft_templates=("check_then_ok",)))
     assert only == [t for t in train if template_of(t) == "check_then_ok"][:4]
-    assert demo_tasks(train, Recipe(train_tasks=30, sft_demos=5)) == train[:5]
+    assert demo_tasks(train, Recipe(train_tasks=30, tasks_per_update=8, sft_demos=5)) == train[:5]
 
 
 def test_withheld_words_give_no_demonstrations() -> None:
     train = generate_tasks(60, preset="tiny", seed=0)
-    demos = demo_tasks(train, Recipe(train_tasks=60, sft_demos=60, sft_withhold=("Yellow",)))
+    demos = demo_tasks(train, Recipe(train_tasks=60, tasks_per_update=8, sft_demos=60, sft_withhold=("Yellow",)))
     assert demos == [t for t in train if "yellow" not in t["instruction"]]
     assert len(demos) < len(train)  # some tasks did name yellow
-    both = demo_tasks(train, Recipe(train_tasks=60, sft_demos=60, sft_withhold=("yellow", "box")))
+    both = demo_tasks(train, Recipe(train_tasks=60, tasks_per_update=8, sft_demos=60, sft_withhold=("yellow", "box")))
     assert both == [t for t in demos if not t["instruction"].startswith("Check the box")]
     # Whole words only: withholding "red" keeps a task that names no red, whatever its other words.
     assert all("red" not in t["instruction"].split()
-               for t in demo_tasks(train, Recipe(train_tasks=60, sft_demos=60, sft_withhold=("red",))))
+               for t in demo_tasks(train, Recipe(train_tasks=60, tasks_per_update=8, sft_demos=60, sft_withhold=("red",))))
 
 
 def test_recipe_refuses_a_target_success_outside_0_1() -> None:
