@@ -18,7 +18,8 @@ batch (~500 samples of mixed groups), negative advantages x0.5, T 1.0. From scra
 warm 0.540 -> RL **0.680, +14.0 points** (SFT stopped at step 1650, 78 s; RL 423 s).
 
 The whole stack with the same recipe (``make run``: 64 env slots, 15 min of asynchronous RL):
-seed 0 0.435 -> 0.640, **+20.5** (45 updates, 28,836 trajectories, 16.2 min in all); seed 1
+seed 0 0.435 -> 0.640, **+20.5** (45 updates, 28,836 trajectories, 16.2 min in all), repeated
+0.435 -> 0.655, **+22.0** (44 updates); seed 1
 (``recipe: {seed: 1}``) 0.460 -> 0.525, +6.5 (47 updates). With 8 env slots and 14 min, seed 0
 got 19 updates: 0.590 -> 0.625, +3.5.
 
