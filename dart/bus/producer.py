@@ -140,11 +140,19 @@ class Producer:
                                headers={REPLY_TO_HEADER: route.worker_id.encode()})
 
     def close(self, timeout_s: float = 10.0) -> None:
+        """Flush (BusError when a record is not acknowledged within ``timeout_s``), then release
+        the client. What is still unacknowledged then is dropped (flush has already reported it),
+        so no librdkafka thread is left retrying a broker that has gone. Closing twice does nothing."""
+        if self._closed.is_set():
+            return
         try:
             self.flush(timeout_s)
         finally:
             self._closed.set()
             self._poller.join(timeout=1.0)
+            self._p.purge()
+            self._p.flush(0)  # serve the purged records' delivery reports
+            self._p.close()
 
     def __enter__(self) -> Producer:
         return self

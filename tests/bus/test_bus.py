@@ -235,6 +235,8 @@ def test_flush_raises_when_records_cannot_be_acknowledged():
     with pytest.raises(BusError, match="not acknowledged"):
         producer.flush(timeout_s=1.0)
     assert time.monotonic() - t0 < 5
+    with pytest.raises(BusError, match="not acknowledged"):
+        producer.close(timeout_s=0.1)  # still says so, and leaves no client retrying in the background
 
 
 async def _until(cond, timeout_s: float = 30.0) -> None:
