@@ -20,9 +20,9 @@ from dart.errors import EnvError
 from dart.events import WorkerHeartbeat
 
 if TYPE_CHECKING:
+    from dart.env.config import EnvWorkerConfig
     from dart.env.libvirt import VmPool
     from dart.env.tasks import Task
-    from dart.env.worker import EnvWorkerConfig
 
 log = logging.getLogger(__name__)
 

@@ -28,24 +28,21 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from dart.blobs import BlobStore
 from dart.bus import BusConfig, Producer, ReplyInbox, read_topic
-from dart.config import require
 from dart.env.backend import EnvBackend
 from dart.env.backends import backends_for
 from dart.env.catalogue import TaskCatalogue
+from dart.env.config import EnvWorkerConfig
 from dart.env.episode import Episode, rollout_id_of
-from dart.env.libvirt.config import VmPoolConfig
 from dart.env.slots import OffsetWatermark, SlotClock, next_attempt, trajectory_status
-from dart.env.synthetic.backend import SyntheticConfig
 from dart.env.tasks import load_tasks
-from dart.env.xdesktop.backend import XDesktopConfig
 from dart.errors import BusError, DecodeError
 from dart.events import (
     DeadLetter,
@@ -62,62 +59,6 @@ from dart.events import (
 
 log = logging.getLogger(__name__)
 EVALUATOR_VERSION = "dart-evaluators-1"
-
-
-@dataclass(frozen=True, kw_only=True)
-class EnvWorkerConfig:
-    """``dart env-worker`` settings (YAML section ``env``)."""
-
-    backend: Literal["synthetic", "xdesktop", "libvirt"] = "synthetic"
-    """Environment backend of every slot; the worker takes only requests for this backend."""
-    slots: int = 4
-    """Trajectories run at once (environments owned by this worker)."""
-    run_id: str = "dev"
-    """Run id stamped on the events this worker writes."""
-    worker_id: str = ""
-    """This worker's id (empty: env-HOST-PID)."""
-    group: str = ""
-    """Consumer group on the requests topic (empty: env-workers-<backend>)."""
-    blobs: str = ".dart/blobs"
-    """Blob store (directory or file:// URL) that receives screenshots."""
-    reply_timeout_s: float = 120.0
-    """How long one step waits for the policy's ActionChosen before it is an infra error."""
-    max_attempts: int = 3
-    """Tries per request (first run + re-queues after infra errors)."""
-    requeue: bool = True
-    """Re-produce a request after an infra error (off when the data manager owns retries)."""
-    success_threshold: float = 1.0
-    """A trajectory is 'success' when its reward reaches this (1.0: the task fully done)."""
-    heartbeat_s: float = 5.0
-    """Seconds between WorkerHeartbeat events."""
-    task_files: tuple[str, ...] = ()
-    """Task files or folders loaded at start, besides the tasks topic."""
-    task_wait_s: float = 30.0
-    """How long a request waits for its task to show up on the tasks topic."""
-    close_timeout_s: float = 30.0
-    """How long closing a broken backend may take before it is abandoned."""
-    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
-    xdesktop: XDesktopConfig = field(default_factory=XDesktopConfig)
-    libvirt: VmPoolConfig = field(default_factory=VmPoolConfig)
-    """The VM pool of the libvirt backend (one pool per worker; its ``size`` VMs serve the slots)."""
-
-    def __post_init__(self) -> None:
-        require(self.slots >= 1, "slots", f"must be >= 1, got {self.slots}")
-        require(self.max_attempts >= 1, "max_attempts", f"must be >= 1, got {self.max_attempts}")
-        require(self.reply_timeout_s > 0, "reply_timeout_s", f"must be > 0, got {self.reply_timeout_s}")
-        require(self.heartbeat_s > 0, "heartbeat_s", f"must be > 0, got {self.heartbeat_s}")
-        # Every running trajectory holds a VM: with fewer VMs than slots, some slots would take
-        # requests and then wait for a VM.
-        require(self.backend != "libvirt" or self.libvirt.size >= self.slots, "libvirt.size",
-                f"{self.libvirt.size} VMs for {self.slots} slots; set libvirt.size >= slots (or fewer slots)")
-
-    @property
-    def worker(self) -> str:
-        return self.worker_id or f"env-{socket.gethostname()}-{os.getpid()}"
-
-    @property
-    def group_name(self) -> str:
-        return self.group or f"env-workers-{self.backend}"
 
 
 @dataclass(frozen=True, slots=True)

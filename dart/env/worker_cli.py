@@ -19,7 +19,7 @@ _FLAGS = ("backend", "slots", "blobs", "worker_id", "run_id", "group", "reply_ti
 
 
 def register(sub: Any) -> None:
-    from dart.env.worker import EnvWorkerConfig
+    from dart.env.config import EnvWorkerConfig
 
     docs = field_docs(EnvWorkerConfig)
     p = sub.add_parser("env-worker", help="run environment slots (synthetic, a local X desktop or libvirt VMs) "
@@ -40,7 +40,7 @@ def register(sub: Any) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     """The worker's config: YAML ``env:`` section, then flags."""
-    from dart.env.worker import EnvWorkerConfig
+    from dart.env.config import EnvWorkerConfig
 
     if getattr(args, "config_file", None) and not getattr(args, "config", None):
         args.config = args.config_file  # the bus reads its section from the same file

@@ -77,7 +77,7 @@ def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path) -> dic
 def validate(sections: dict[str, dict[str, Any]]) -> None:
     """Build every service config; ConfigError names the service and the field."""
     from dart.data.config import DataConfig
-    from dart.env.worker import EnvWorkerConfig
+    from dart.env.config import EnvWorkerConfig
     from dart.rollout.service import RolloutWorkerConfig
     from dart.train.config import TrainerConfig
 
