@@ -24,9 +24,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from dart.agent.actions import Finished, to_wire
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, Consumer, DevBroker, Producer, ensure_topics, read_topic
-from dart.env.actions import Finished, to_wire
 from dart.env.slots import utilization
 from dart.env.synthetic import LatencyConfig, SyntheticConfig, generate_tasks, oracle_plan
 from dart.env.worker import EnvWorker, EnvWorkerConfig

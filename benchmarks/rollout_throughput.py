@@ -17,13 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from dart.agent.model import load_policy
+from dart.agent.prompt import PromptConfig, blob_image_loader, build_messages
+from dart.agent.tiny import build_tiny
 from dart.blobs import LocalBlobStore
 from dart.events import HistoryTurn, ObservationEmitted, ReplyRoute, Sampling
-from dart.manifest import PromptContext
+from dart.events.manifest import PromptContext
 from dart.rollout.engine import GenerateRequest
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig
-from dart.rollout.model import build_tiny, load_policy
-from dart.rollout.prompt import PromptConfig, blob_image_loader, build_messages
 from dart.rollout.service import RolloutWorkerConfig, actions_of
 
 

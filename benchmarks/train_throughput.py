@@ -20,14 +20,16 @@ from pathlib import Path
 
 import torch
 
+from dart.agent.model import load_policy
+from dart.agent.prompt import PromptConfig, blob_image_loader, build_messages, encode_prompt, prompt_hash
+from dart.agent.tiny import build_tiny
+from dart.agent.weights import write_weights
 from dart.blobs import LocalBlobStore
 from dart.events import HistoryTurn
-from dart.manifest import BatchManifest, PromptContext, Sample
-from dart.rollout.model import build_tiny, load_policy
-from dart.rollout.prompt import PromptConfig, blob_image_loader, build_messages, encode_prompt, prompt_hash
+from dart.events.manifest import BatchManifest, PromptContext, Sample
 from dart.train.config import EngineConfig, OptimConfig, TrainerConfig
 from dart.train.trainer import Trainer
-from dart.train.weights import put_weights, write_weights
+from dart.train.weights import put_weights
 
 PROMPT = PromptConfig(min_pixels=16 * 28 * 28, max_pixels=16 * 28 * 28, max_images=3, max_turns=5)
 

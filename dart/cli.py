@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import logging
 import sys
 from collections.abc import Sequence
 
 from dart import __version__
+from dart.config import setup_logging
 from dart.errors import DartError
 
 COMMAND_MODULES = (
@@ -46,17 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         importlib.import_module(name).register(sub)
     return parser
-
-
-def setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
-    for noisy in ("aiokafka", "kafka", "urllib3", "httpx", "filelock", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

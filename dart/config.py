@@ -12,7 +12,9 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import logging
 import os
+import sys
 import textwrap
 import types
 import typing
@@ -151,3 +153,16 @@ def require(cond: bool, field: str, message: str) -> None:
     """Raise ConfigError naming ``field`` unless ``cond`` (for ``__post_init__`` checks)."""
     if not cond:
         raise ConfigError(f"{field}: {message}")
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """One log line per event worth knowing, on stderr: time, level, logger, message (every service
+    and CLI command calls this once at start-up)."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    for noisy in ("aiokafka", "kafka", "urllib3", "httpx", "filelock", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

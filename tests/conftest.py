@@ -1,5 +1,5 @@
 """Suite-wide fixtures: one real broker per session (the same code as `dart broker`), a
-unique topic prefix per test, a blob store per test."""
+unique topic prefix per test, a blob store per test, one tiny random Qwen2.5-VL per session."""
 
 from __future__ import annotations
 
@@ -36,6 +36,26 @@ def bus(broker: DevBroker) -> BusConfig:
 @pytest.fixture
 def blobs(tmp_path: Path) -> LocalBlobStore:
     return LocalBlobStore(tmp_path / "blobs")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    from dart.agent.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def policy(tiny_dir):
+    from dart.agent.model import load_policy
+
+    return load_policy(tiny_dir)
+
+
+@pytest.fixture
+def store(blobs: LocalBlobStore) -> LocalBlobStore:
+    """The per-test blob store, under the name the prompt, model and engine tests use."""
+    return blobs
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Typed GUI actions: what a policy may ask an environment to do.
 
 Points are screen pixels of the environment (not of the resized model image). Model text is
-parsed into these (``dart.env.uitars``); only an env backend turns them into input events.
+parsed into these (``dart.agent.uitars``); only an env backend turns them into input events.
 Every action converts to and from the wire form :class:`dart.events.ParsedAction`.
 """
 

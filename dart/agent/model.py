@@ -1,35 +1,32 @@
-"""Policy checkpoints: a tiny random Qwen2.5-VL for CPU tests, the loader every engine and the
-trainer share, weight blobs, and the re-scoring forward pass.
+"""The policy model: what a policy directory holds, loading and saving it, and re-scoring.
 
-Pure module (no bus, no clock). torch / transformers / tokenizers are imported inside the
-functions so that importing this module stays cheap.
+Pure module (no bus, no clock). torch / transformers are imported inside the functions so that
+importing this module stays cheap.
 
-- :func:`build_tiny` writes a seeded, random-weight Qwen2.5-VL (about 0.4 M parameters) with a
-  byte-level BPE tokenizer trained offline on UI-TARS-style text, the Qwen2-VL special tokens,
-  a Qwen2-VL chat template and a ``Qwen2VLImageProcessor`` config, through ``save_pretrained``.
-- :func:`load_policy` loads any such directory (the tiny model or UI-TARS-1.5-7B) through the
-  real ``from_pretrained`` path. It loads the tokenizer and the image processor explicitly:
-  ``AutoProcessor`` fails here because torchvision cannot import beside the CPU torch.
-- :func:`state_dict_to_bytes` / :func:`state_dict_from_bytes` are the weight-blob format of
-  ``WeightsPublished`` (``model.safetensors`` = the full HF ``state_dict()``).
+- :func:`load_policy` loads any policy directory (the tiny model of :mod:`dart.agent.tiny` or
+  UI-TARS-1.5-7B) through the real ``from_pretrained`` path. It loads the tokenizer and the image
+  processor explicitly: ``AutoProcessor`` fails here because torchvision cannot import beside the
+  CPU torch.
+- :func:`save_policy` writes a directory :func:`load_policy` reads (weights in the published
+  format of :mod:`dart.agent.weights`, configs, tokenizer, image processor).
 - :func:`score_response` is the re-scoring forward pass: per-token log-probs and entropies of
   a response under a model, the quantity the engines report for the tokens they sampled.
 """
 
 from __future__ import annotations
 
-import json
-import random
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dart.errors import BlobCorrupted, ConfigError
+from dart.agent.weights import write_weights
+from dart.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
-    from dart.rollout.prompt import PromptInputs
+    from dart.agent.prompt import PromptInputs
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>",
@@ -72,11 +69,6 @@ CHAT_TEMPLATE = (
 )
 """The Qwen2-VL chat template (images become ``<|vision_start|><|image_pad|><|vision_end|>``)."""
 
-TINY_VOCAB_SIZE = 2048
-TINY_PIXELS = (4 * 28 * 28, 16384 * 28 * 28)
-"""(min_pixels, max_pixels) of the tiny image processor: wide, so that images the prompt
-builder has already smart-resized pass through unchanged."""
-
 
 @dataclass(frozen=True, slots=True)
 class Policy:
@@ -98,200 +90,6 @@ class Policy:
     def pad_token_id(self) -> int:
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else self.stop_token_ids[-1])
-
-
-# ---------------------------------------------------------------- tiny model
-
-
-_CORPUS_WORDS = (
-    "I need to click the button on the screen then type text into the field open file menu save "
-    "close window cell column row table sheet slide page browser search bar address icon dialog "
-    "OK Cancel settings task is done now next first so let us select copy paste scroll down up left "
-    "right wait for loading finished the document editor terminal desktop toolbar tab new name value"
-)
-
-
-def tiny_corpus(n: int = 3000) -> list[str]:
-    """Synthetic UI-TARS answers and prompt text the tiny tokenizer is trained on.
-
-    Fixed (seed 0) so every tiny model shares one tokenizer. Covers Thought/Action syntax,
-    every action name, box tokens, digits and coordinates, key names, so responses tokenize
-    compactly.
-    """
-    from dart.rollout.prompt import COMPUTER_USE_PROMPT
-
-    rng = random.Random(0)
-    words = _CORPUS_WORDS.split()
-    keys = ["ctrl", "shift", "alt", "enter", "tab", "esc", "c", "v", "s", "a", "z", "f4", "super", "space"]
-
-    def pt() -> str:
-        return f"({rng.randint(0, 1999)},{rng.randint(0, 1199)})"
-
-    def action() -> str:
-        k = rng.randrange(11)
-        box = f"'<|box_start|>{pt()}<|box_end|>'" if rng.random() < 0.5 else f"'{pt()}'"
-        return [
-            f"click(start_box={box})",
-            f"left_double(start_box={box})",
-            f"right_single(start_box={box})",
-            f"drag(start_box={box}, end_box='{pt()}')",
-            f"hotkey(key='{' '.join(rng.sample(keys, rng.randint(1, 3)))}')",
-            f"type(content='{' '.join(rng.sample(words, 3))}\\n')",
-            f"scroll(start_box={box}, direction='{rng.choice(['up', 'down', 'left', 'right'])}')",
-            "wait()",
-            f"finished(content='{' '.join(rng.sample(words, 2))}')",
-            "call_user()",
-            f"click(point='<point>{rng.randint(0, 1999)} {rng.randint(0, 1199)}</point>')",
-        ][k]
-
-    lines = [COMPUTER_USE_PROMPT.format(language="English", instruction="")] * 20
-    for _ in range(n):
-        thought = " ".join(rng.choice(words) for _ in range(rng.randint(4, 14)))
-        lines.append(f"Thought: {thought.capitalize()}.\nAction: {action()}")
-    lines.append("0 1 2 3 4 5 6 7 8 9 10 100 1000 1920 1080 1932 1092")
-    return lines
-
-
-def _train_tokenizer(vocab_size: int) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(tiny_corpus(), trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side="left"
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-@dataclass(frozen=True, kw_only=True)
-class TinySize:
-    """Size of the tiny model :func:`build_tiny` writes (defaults: about 0.4 M parameters)."""
-
-    hidden_size: int = 64
-    """Width of the language model (a multiple of 2 * num_attention_heads: M-RoPE needs it)."""
-    intermediate_size: int = 128
-    """MLP width of the language model."""
-    num_hidden_layers: int = 2
-    """Decoder layers of the language model."""
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    vision_depth: int = 2
-    """Blocks of the vision tower (the last one attends globally, the others in windows)."""
-    vision_hidden_size: int = 32
-    """Width of the vision tower (a multiple of vision_num_heads)."""
-    vision_num_heads: int = 2
-    rope_theta: float = 1_000_000.0
-    """Base of the language model's rotary frequencies."""
-    mrope_section: tuple[int, ...] | None = None
-    """Split of half a head's rotary frequencies between the temporal / height / width position
-    ids, cycling t, h, w (so more than 3 entries interleave them); they must sum to
-    head_dim // 2. None: Qwen's contiguous split, where the width axis gets the lowest
-    frequencies (with a tiny head, almost none: the model can hardly tell left from right)."""
-
-    def __post_init__(self) -> None:
-        head_dim, rem = divmod(self.hidden_size, self.num_attention_heads)
-        if rem or head_dim % 2 or head_dim // 2 < 3:
-            raise ConfigError(
-                f"hidden_size {self.hidden_size} must split into {self.num_attention_heads} heads of an "
-                "even size >= 6 (M-RoPE cuts each head into 3 sections)"
-            )
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError("num_attention_heads must be a multiple of num_key_value_heads")
-        if self.vision_depth < 1 or self.num_hidden_layers < 1:
-            raise ConfigError("vision_depth and num_hidden_layers must be >= 1")
-        if self.vision_hidden_size % self.vision_num_heads:
-            raise ConfigError("vision_hidden_size must be a multiple of vision_num_heads")
-        if self.rope_theta <= 1.0:
-            raise ConfigError(f"rope_theta must be > 1, got {self.rope_theta}")
-        half = self.hidden_size // self.num_attention_heads // 2
-        if self.mrope_section is not None and (sum(self.mrope_section) != half or min(self.mrope_section) < 1):
-            raise ConfigError(f"mrope_section {self.mrope_section} must be positive and sum to head_dim // 2 = {half}")
-
-    @property
-    def rope_sections(self) -> list[int]:
-        """The M-RoPE split used (``mrope_section`` or Qwen's contiguous t, h, w split)."""
-        if self.mrope_section is not None:
-            return list(self.mrope_section)
-        half = self.hidden_size // self.num_attention_heads // 2
-        t = half // 4
-        h = (half - t) // 2
-        return [t, h, half - t - h]
-
-
-def build_tiny(out_dir: str | Path, *, seed: int = 0, size: TinySize | None = None) -> Path:
-    """Write a tiny random-weight Qwen2.5-VL policy to ``out_dir``; returns the directory.
-
-    Reproducible: the same seed gives the same weights (and byte-identical safetensors); the
-    tokenizer does not depend on the seed. Takes a few seconds on a CPU (mostly imports).
-    ``size`` changes the widths and depths (default :class:`TinySize`, about 0.4 M parameters).
-    """
-    import torch
-    from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    size = size or TinySize()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer(TINY_VOCAB_SIZE)
-    vocab = tokenizer.get_vocab()
-    ids = {t: vocab[t] for t in SPECIAL_TOKENS}
-    config = Qwen2_5_VLConfig(
-        text_config={
-            "vocab_size": len(vocab),
-            "hidden_size": size.hidden_size,
-            "intermediate_size": size.intermediate_size,
-            "num_hidden_layers": size.num_hidden_layers,
-            "num_attention_heads": size.num_attention_heads,
-            "num_key_value_heads": size.num_key_value_heads,
-            "max_position_embeddings": 32768,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": size.rope_theta,
-                "mrope_section": size.rope_sections,
-            },
-            "bos_token_id": ids["<|endoftext|>"],
-            "eos_token_id": ids["<|im_end|>"],
-            "pad_token_id": ids["<|endoftext|>"],
-        },
-        vision_config={
-            "depth": size.vision_depth,
-            "hidden_size": size.vision_hidden_size,
-            "intermediate_size": 2 * size.vision_hidden_size,
-            "num_heads": size.vision_num_heads,
-            "out_hidden_size": size.hidden_size,
-            "fullatt_block_indexes": [size.vision_depth - 1],
-            "window_size": 112,
-        },
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
-    model.generation_config = GenerationConfig(
-        eos_token_id=[ids[t] for t in STOP_TOKENS],
-        pad_token_id=ids["<|endoftext|>"],
-        bos_token_id=ids["<|endoftext|>"],
-        do_sample=False,
-    )
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    Qwen2VLImageProcessorPil(min_pixels=TINY_PIXELS[0], max_pixels=TINY_PIXELS[1]).save_pretrained(out)
-    meta = {"seed": seed, "vocab_size": len(vocab), "size": asdict(size)}
-    (out / "dart_tiny.json").write_text(json.dumps(meta) + "\n")
-    return out
 
 
 # ---------------------------------------------------------------- loading
@@ -320,45 +118,16 @@ def load_policy(path: str | Path, device: str = "cpu", *, dtype: str | None = No
     return Policy(model=model, tokenizer=tokenizer, image_processor=image_processor, path=root)
 
 
-# ---------------------------------------------------------------- weight blobs
-
-
-def state_dict_to_bytes(model_or_state: Any) -> bytes:
-    """The ``model.safetensors`` blob of a model (its full ``state_dict()``) or a state dict.
-
-    Shared (tied) tensors are written once per name as contiguous CPU copies.
-    """
-    from safetensors.torch import save
-
-    state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
-    return save({k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()})
-
-
-def state_dict_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
-    """Parse a ``model.safetensors`` blob; BlobCorrupted when it is not one."""
-    from safetensors.torch import load
-
-    try:
-        state = load(data)
-    except Exception as exc:  # safetensors raises its own SafetensorError and others
-        raise BlobCorrupted(f"weights blob is not a readable safetensors file: {exc}") from exc
-    if not state:
-        raise BlobCorrupted("weights blob holds no tensors")
-    return state
-
-
-def check_state_dict(model: Any, state: dict[str, torch.Tensor]) -> None:
-    """Raise BlobCorrupted unless ``state`` has exactly the model's tensor names and shapes."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    extra = sorted(set(state) - set(own))
-    if missing or extra:
-        raise BlobCorrupted(f"weights do not fit the model: missing {missing[:3]}, unexpected {extra[:3]}")
-    for name, tensor in own.items():
-        if tuple(state[name].shape) != tuple(tensor.shape):
-            raise BlobCorrupted(f"weights do not fit the model: {name} has shape {tuple(state[name].shape)}")
-        if state[name].is_floating_point() and not bool(state[name].isfinite().all()):
-            raise BlobCorrupted(f"weights hold non-finite values in {name}")
+def save_policy(policy: Policy, out: Path, *, state: Mapping[str, torch.Tensor] | None = None) -> Path:
+    """Write a directory :func:`load_policy` reads: weights + config as published (``state``, or the
+    model's own ``state_dict()``; a ZeRO-3 engine passes its gathered full state), the generation
+    config, tokenizer and image processor. Returns ``out``."""
+    model = policy.model
+    write_weights(model.state_dict() if state is None else state, model.config.to_json_string(), out)
+    model.generation_config.save_pretrained(out)
+    policy.tokenizer.save_pretrained(out)
+    policy.image_processor.save_pretrained(out)
+    return out
 
 
 # ---------------------------------------------------------------- re-scoring

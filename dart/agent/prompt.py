@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from dart.agent.uitars import smart_resize as uitars_smart_resize
 from dart.config import require
-from dart.env.uitars import smart_resize as uitars_smart_resize
 from dart.errors import ConfigError, DecodeError
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from PIL import Image
 
     from dart.blobs import BlobStore
-    from dart.manifest import PromptContext
+    from dart.events.manifest import PromptContext
 
 SYSTEM_PROMPT = "You are a helpful assistant."
 

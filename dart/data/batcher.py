@@ -23,7 +23,7 @@ from dart.data.curation import (
     judge_group,
     select_high_entropy,
 )
-from dart.manifest import BatchManifest, PromptContext, Sample
+from dart.events.manifest import BatchManifest, PromptContext, Sample
 
 
 @dataclass(frozen=True, slots=True)

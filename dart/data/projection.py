@@ -17,7 +17,7 @@ from dart.data.rows import Row, group_rows
 from dart.data.scheduler import Beat
 from dart.data.store import Store
 from dart.events import Event, HistoryTurn
-from dart.manifest import PromptContext
+from dart.events.manifest import PromptContext
 
 POOL_ORIGINS = ("experience", "oracle")
 

@@ -85,7 +85,7 @@ def load_trace(query: Query, db: str, rollout_id: str) -> TraceView:
 
 def thought_of(step: StepView) -> str:
     """The ``Thought:`` (or ``Reflection:``) of the response, parsed like the env parses it."""
-    from dart.env.uitars import parse_response
+    from dart.agent.uitars import parse_response
 
     screen = step.screen if min(step.screen) > 0 else (1000, 1000)
     parsed = parse_response(step.response_text, screen=screen)

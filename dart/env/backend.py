@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dart.env.actions import Action
+from dart.agent.actions import Action
 
 if TYPE_CHECKING:
     from dart.env.tasks import Task

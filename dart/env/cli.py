@@ -130,8 +130,8 @@ def _parse(args: argparse.Namespace) -> int:
     """Read one model answer on stdin; print its actions as a JSON list of wire records
     (kind, x, y, end_x, end_y, text, direction) in screen pixels. Unreadable text prints an
     ``invalid`` record with the reason; the exit status is 0 either way."""
-    from dart.env.actions import to_wire
-    from dart.env.uitars import parse_response
+    from dart.agent.actions import to_wire
+    from dart.agent.uitars import parse_response
 
     r = parse_response(sys.stdin.read(), screen=args.screen, convention=args.convention)
     actions = [dataclasses.asdict(to_wire(a)) for a in r.actions]

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from dart.agent.actions import TERMINAL_KINDS, Action, InvalidAction, from_wire
 from dart.blobs import BlobStore
-from dart.env.actions import TERMINAL_KINDS, Action, InvalidAction, from_wire
 from dart.env.backend import EnvBackend, Observation
 from dart.env.tasks import Task
 from dart.events import ActionChosen, HistoryTurn, ObservationEmitted, ReplyRoute, RolloutRequested, now_ms

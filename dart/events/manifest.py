@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Self
 
 from dart.errors import DecodeError
-from dart.events import HistoryTurn, ObservationEmitted
+from dart.events.types import HistoryTurn, ObservationEmitted
 
 MANIFEST_FORMAT = "dart.batch.v1"
 

@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
 
 
 def cmd_model_tiny(args: argparse.Namespace) -> int:
-    from dart.rollout.model import build_tiny
+    from dart.agent.tiny import build_tiny
 
     out = build_tiny(args.out_dir, seed=args.seed)
     print(f"tiny Qwen2.5-VL (seed {args.seed}) written to {out}")
@@ -55,8 +55,8 @@ def cmd_model_tiny(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from dart.agent.model import load_policy
     from dart.rollout.hf_engine import HFEngine, HFEngineConfig
-    from dart.rollout.model import load_policy
     from dart.rollout.server import make_app
 
     policy = load_policy(args.model, args.device)

@@ -1,12 +1,12 @@
 """The inference-engine interface every backend implements, and its pure sampling maths.
 
-An engine turns one prompt (chat messages + screenshots, from ``dart.rollout.prompt``) and
+An engine turns one prompt (chat messages + screenshots, from ``dart.agent.prompt``) and
 sampling parameters into one response: text, token ids, per-token log-probs and entropies,
 a finish reason, and the policy version that produced it.
 
 Log-probs and entropies are those of the policy's own distribution: softmax of the raw
 logits of the forward pass that sampled the token (temperature 1, no top-p truncation).
-That is what a plain re-scoring forward pass computes (``dart.rollout.model.score_response``),
+That is what a plain re-scoring forward pass computes (``dart.agent.model.score_response``),
 so the trainer's ``logπ_old`` and the rollout ``logπ_rollout`` compare like for like.
 Temperature, top-p and frequency penalty shape only which token is drawn.
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch
     from PIL import Image
 
-    from dart.rollout.prompt import Message
+    from dart.agent.prompt import Message
 
 
 class EngineError(DartError, RuntimeError):

@@ -21,6 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dart.agent.model import Policy
+from dart.agent.prompt import PromptInputs, encode_prompt
+from dart.agent.weights import check_state_dict
 from dart.config import require
 from dart.errors import DartError
 from dart.rollout.engine import (
@@ -32,8 +35,6 @@ from dart.rollout.engine import (
     draw_token,
     token_logprobs_entropies,
 )
-from dart.rollout.model import Policy, check_state_dict
-from dart.rollout.prompt import PromptInputs, encode_prompt
 
 if TYPE_CHECKING:
     import torch

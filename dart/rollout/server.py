@@ -19,10 +19,10 @@ from typing import Any
 
 from aiohttp import web
 
+from dart.agent.prompt import decode_image
 from dart.errors import DartError
 from dart.events import Sampling
 from dart.rollout.engine import Engine, EngineError, GenerateRequest, TransientEngineError
-from dart.rollout.prompt import decode_image
 
 log = logging.getLogger(__name__)
 

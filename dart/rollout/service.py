@@ -23,18 +23,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dart.agent.actions import InvalidAction, to_wire
+from dart.agent.prompt import PromptConfig, blob_image_loader, build_messages, prompt_hash
+from dart.agent.uitars import parse_actions
 from dart.blobs import BlobStore
 from dart.bus import BusConfig, Consumer, Delivered, Producer
 from dart.config import require
-from dart.env.actions import InvalidAction, to_wire
-from dart.env.uitars import parse_actions
 from dart.errors import DartError
 from dart.events import ActionChosen, Event, ObservationEmitted, ParsedAction, WorkerHeartbeat
-from dart.manifest import PromptContext
+from dart.events.manifest import PromptContext
 from dart.rollout.engine import Engine, GenerateRequest, Generation
 from dart.rollout.hf_engine import HFEngineConfig
 from dart.rollout.openai_engine import OpenAIEngineConfig
-from dart.rollout.prompt import PromptConfig, blob_image_loader, build_messages, prompt_hash
 from dart.rollout.weights import WeightFollower
 
 log = logging.getLogger(__name__)
@@ -100,8 +100,8 @@ def make_engine(cfg: RolloutWorkerConfig) -> Engine:
         from dart.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(cfg.model, initial_version=cfg.hf.initial_version)
+    from dart.agent.model import load_policy
     from dart.rollout.hf_engine import HFEngine
-    from dart.rollout.model import load_policy
 
     return HFEngine(load_policy(cfg.model, cfg.device, dtype=cfg.dtype), cfg.hf)
 

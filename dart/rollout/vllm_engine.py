@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from dart.agent.prompt import render_prompt
 from dart.errors import ToolMissing
 from dart.rollout.engine import (
     Engine,
@@ -29,7 +30,6 @@ from dart.rollout.engine import (
     Generation,
     entropy_from_top_logprobs,
 )
-from dart.rollout.prompt import render_prompt
 
 log = logging.getLogger(__name__)
 

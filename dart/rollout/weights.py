@@ -18,43 +18,17 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
-from dart.blobs import BlobStore, blob_set_digest
-from dart.errors import BlobCorrupted, DartError
-from dart.events import BlobRef, Event, WeightsLoaded, WeightsPublished
+from dart.agent.weights import check_version_digest, state_dict_from_bytes, weights_blob
+from dart.blobs import BlobStore
+from dart.errors import DartError
+from dart.events import Event, WeightsLoaded, WeightsPublished
 from dart.rollout.engine import Engine
-from dart.rollout.model import state_dict_from_bytes
 
 log = logging.getLogger(__name__)
 
-WEIGHTS_FILE = "model.safetensors"
-"""The blob of a version that holds the full HF ``state_dict()``."""
-
 Send = Callable[[Event], Awaitable[object]]
-
-
-def version_sha256(blobs: Sequence[BlobRef]) -> str:
-    """``WeightsPublished.sha256`` of a version's blobs (:func:`dart.blobs.blob_set_digest`)."""
-    return blob_set_digest((b.name, b.digest) for b in blobs)
-
-
-def check_version_digest(event: WeightsPublished) -> None:
-    """BlobCorrupted unless ``event.sha256`` names exactly its blobs."""
-    if event.sha256 != version_sha256(event.blobs):
-        raise BlobCorrupted(
-            f"version {event.version}: sha256 {event.sha256[:12]}... does not match its blob list "
-            "(publish it with dart.blobs.blob_set_digest)"
-        )
-
-
-def weights_blob(event: WeightsPublished) -> BlobRef:
-    for ref in event.blobs:
-        if ref.name == WEIGHTS_FILE:
-            return ref
-    raise BlobCorrupted(
-        f"version {event.version} has no {WEIGHTS_FILE} blob (has {[b.name for b in event.blobs]})"
-    )
 
 
 class WeightFollower:

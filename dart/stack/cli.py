@@ -54,7 +54,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import dataclasses
 
     from dart.blobs import LocalBlobStore
-    from dart.stack.recipe import evaluate, make_tasks
+    from dart.stack.episodes import evaluate
+    from dart.stack.recipe import make_tasks
     from dart.stack.up import latest_checkpoint, load_checkpoint_policy
 
     cfg = load_stack_config(args.config, args)

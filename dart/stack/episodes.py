@@ -1,7 +1,7 @@
 """In-process synthetic episodes with an inference engine: the env worker's loop without the bus.
 
 An episode follows :class:`dart.env.episode.Episode`: reset, then per turn the screenshot goes
-to the blob store, the prompt is built from it and the history (``dart.rollout.prompt``, as
+to the blob store, the prompt is built from it and the history (``dart.agent.prompt``, as
 the rollout worker builds it), the engine answers, the answer is parsed in the rollout
 worker's frame, and its actions run until the screen reports ``done`` or a terminal action
 comes; at most ``max_steps`` turns; then the task's own evaluator scores it. Used by the
@@ -16,17 +16,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dart.agent.actions import TERMINAL_KINDS, Action, InvalidAction
+from dart.agent.prompt import blob_image_loader, build_messages, prompt_hash
+from dart.agent.uitars import parse_actions
 from dart.blobs import BlobStore
-from dart.env.actions import TERMINAL_KINDS, Action, InvalidAction
 from dart.env.synthetic import SyntheticBackend
-from dart.env.uitars import parse_actions
 from dart.events import HistoryTurn, Sampling
-from dart.manifest import PromptContext
-from dart.rollout.prompt import blob_image_loader, build_messages, prompt_hash
+from dart.events.manifest import PromptContext
 
 if TYPE_CHECKING:
+    from dart.agent.model import Policy
     from dart.rollout.engine import GenerateRequest, Generation
-    from dart.rollout.model import Policy
     from dart.stack.recipe import Recipe
 
 

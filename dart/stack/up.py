@@ -48,7 +48,7 @@ def import_oracle_experience(bus: BusConfig, run_id: str, tasks: list[dict[str, 
     so the data manager can inject a success into a group whose online rollouts all failed."""
     from dart.data.experience import experience_events
     from dart.events import now_ms
-    from dart.stack.recipe import oracle_samples
+    from dart.stack.warmstart import oracle_samples
 
     by_rollout: dict[str, list[Any]] = {}
     for sample in oracle_samples(tasks, policy, store, recipe):
@@ -81,7 +81,8 @@ def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
 
 def load_checkpoint_policy(base_dir: Path, checkpoint: Path | None) -> Any:
     """The policy of ``base_dir`` with the weights of a trainer checkpoint (if any)."""
-    from dart.rollout.model import check_state_dict, load_policy, state_dict_from_bytes
+    from dart.agent.model import load_policy
+    from dart.agent.weights import check_state_dict, state_dict_from_bytes
 
     policy = load_policy(base_dir)
     if checkpoint is not None:
@@ -93,7 +94,9 @@ def load_checkpoint_policy(base_dir: Path, checkpoint: Path | None) -> Any:
 
 def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]:
     """Run the whole thing; returns the summary (also written to WORKDIR/summary.json)."""
-    from dart.stack.recipe import evaluate, make_tasks, warm_start
+    from dart.stack.episodes import evaluate
+    from dart.stack.recipe import make_tasks
+    from dart.stack.warmstart import warm_start
 
     t_start = time.monotonic()
     workdir = cfg.workdir.resolve()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dart.cli import setup_logging
+from dart.config import setup_logging
 from dart.errors import DartError
 from dart.train.cli import register
 

@@ -1,7 +1,7 @@
 """From a batch manifest to model tensors: rebuild each step's prompt, check it, collate.
 
 The rollout worker and the trainer must score the same tokens. Each sample's prompt is rebuilt
-with the rollout service's prompt builder (``dart.rollout.prompt``) and its hash compared with
+with the rollout service's prompt builder (``dart.agent.prompt``) and its hash compared with
 the one the rollout worker recorded; a sample that differs (or whose screenshots cannot be
 read, or whose token arrays disagree) is dropped and reported, never trained on and never a
 crash. Shapes: ``_B`` samples, ``_L`` prompt+response positions, ``_T`` response tokens.
@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
+from dart.agent.prompt import PromptConfig, PromptInputs, build_messages, encode_prompt, prompt_hash
 from dart.errors import BlobError, DecodeError
-from dart.manifest import BatchManifest, Sample
-from dart.rollout.prompt import PromptConfig, PromptInputs, build_messages, encode_prompt, prompt_hash
+from dart.events.manifest import BatchManifest, Sample
 from dart.train.advantages import entropy_step_mask, group_advantages
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from dart.agent.prompt import PromptConfig
 from dart.config import require
-from dart.rollout.prompt import PromptConfig
 from dart.train.loss import LossConfig
 
 

@@ -17,17 +17,16 @@ from pathlib import Path
 
 import torch
 
+from dart.agent.model import load_policy, save_policy
+from dart.agent.prompt import PromptConfig, blob_image_loader
 from dart.blobs import BlobStore
 from dart.config import require
 from dart.errors import DecodeError
-from dart.manifest import BatchManifest, Sample
-from dart.rollout.model import Policy, load_policy
-from dart.rollout.prompt import PromptConfig, blob_image_loader
+from dart.events.manifest import BatchManifest, Sample
 from dart.train.batch import Dropped, collate, prepare_samples
 from dart.train.config import EngineConfig, OptimConfig
 from dart.train.engine import TorchEngine
 from dart.train.loss import nll_loss
-from dart.train.weights import write_weights
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +124,5 @@ def run_sft(cfg: SFTConfig, blobs: BlobStore) -> SFTResult:
             total, count = total + float(loss.detach()) * batch.adv_B.numel(), count + batch.adv_B.numel()
         losses.append(total / count)
         log.info("sft epoch %d/%d: nll %.4f over %d samples", epoch + 1, cfg.epochs, losses[-1], count)
-    save_policy_dir(engine, policy, cfg.out)
+    save_policy(policy, cfg.out, state=engine.full_state_dict())
     return SFTResult(out=cfg.out, epoch_losses=losses, samples=len(samples), dropped=dropped)
-
-
-def save_policy_dir(engine: TorchEngine, policy: Policy, out: Path) -> None:
-    """A directory ``load_policy`` reads: weights + config (as published), tokenizer, image processor."""
-    out.mkdir(parents=True, exist_ok=True)
-    write_weights(engine.full_state_dict(), engine.policy.config.to_json_string(), out)
-    engine.policy.generation_config.save_pretrained(out)
-    policy.tokenizer.save_pretrained(out)
-    policy.image_processor.save_pretrained(out)

@@ -19,18 +19,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dart.agent.model import load_policy
+from dart.agent.prompt import blob_image_loader
+from dart.agent.weights import write_weights
 from dart.blobs import BlobStore, open_store
 from dart.bus import BusConfig, Consumer, Delivered, Producer, stop_on_signals
 from dart.events import BatchAssembled, TrainStepCompleted, WeightsPublished
-from dart.manifest import BatchManifest
-from dart.rollout.model import load_policy
-from dart.rollout.prompt import blob_image_loader
+from dart.events.manifest import BatchManifest
 from dart.train.batch import Dropped, ModelBatch, micro_batches, prepare_samples, step_mask
 from dart.train.checkpoint import TrainState, commit_checkpoint, latest_checkpoint, load_rng, read_state
 from dart.train.config import TrainerConfig
 from dart.train.engine import ReferencePolicy, build_engine
 from dart.train.update import apply_update, step_metrics
-from dart.train.weights import put_weights, weights_published, write_weights
+from dart.train.weights import put_weights, weights_published
 
 log = logging.getLogger(__name__)
 

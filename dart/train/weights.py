@@ -1,47 +1,16 @@
-"""Policy weights as rollout workers load them: files, blobs and the ``WeightsPublished`` event.
+"""Publishing a policy version: its files into the blob store, and the ``WeightsPublished`` event.
 
-A published version is two blobs: ``model.safetensors`` (the full HF ``state_dict()``, every
-tensor under its own name, as ``dart.rollout.model.state_dict_from_bytes`` reads it) and
-``config.json`` (the HF model config). The event's ``sha256`` is the sha256 of the lines
-``"<name> <digest>"`` sorted and joined with ``"\\n"``: one digest that names the whole version.
+The format of a version (files, blob names, the version digest) is :mod:`dart.agent.weights`,
+shared with the rollout workers that load it.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import torch
-
-from dart.blobs import BlobStore, blob_set_digest
+from dart.agent.weights import PUBLISHED_FILES, weights_sha256
+from dart.blobs import BlobStore
 from dart.events import BlobRef, WeightsPublished
-
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-PUBLISHED_FILES = (WEIGHTS_FILE, CONFIG_FILE)
-"""The files of a version, in publication order."""
-
-
-def weights_sha256(blobs: Sequence[BlobRef]) -> str:
-    """``WeightsPublished.sha256`` of a version's blobs (:func:`dart.blobs.blob_set_digest`)."""
-    return blob_set_digest((b.name, b.digest) for b in blobs)
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as fh:
-        os.fsync(fh.fileno())
-
-
-def write_weights(state: Mapping[str, torch.Tensor], config_json: str, directory: Path) -> None:
-    """``model.safetensors`` (every tensor, contiguous on CPU) + ``config.json`` in ``directory``, fsynced."""
-    from safetensors.torch import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(directory / WEIGHTS_FILE))
-    (directory / CONFIG_FILE).write_text(config_json)
-    for name in PUBLISHED_FILES:
-        _fsync(directory / name)
 
 
 def put_weights(store: BlobStore, directory: Path) -> list[BlobRef]:

@@ -1,15 +1,12 @@
-"""Fixtures of the rollout tests: one tiny random Qwen2.5-VL per session, small screenshots."""
+"""Small screenshots and step contexts for tests of the prompt, the model and the engines."""
 
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
-import pytest
-
+from dart.agent.prompt import PromptConfig
 from dart.events import HistoryTurn
-from dart.manifest import PromptContext
-from dart.rollout.prompt import PromptConfig
+from dart.events.manifest import PromptContext
 
 SMALL = PromptConfig(min_pixels=4 * 28 * 28, max_pixels=16 * 28 * 28)
 """Prompt settings that keep test screenshots to at most 16 image tokens."""
@@ -41,24 +38,3 @@ def context(store, *, steps: int = 2, instruction: str = "Open the file") -> Pro
         screen_height=100,
         history=history,
     )
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory) -> Path:
-    from dart.rollout.model import build_tiny
-
-    return build_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
-@pytest.fixture(scope="session")
-def policy(tiny_dir):
-    from dart.rollout.model import load_policy
-
-    return load_policy(tiny_dir)
-
-
-@pytest.fixture
-def store(tmp_path):
-    from dart.blobs import LocalBlobStore
-
-    return LocalBlobStore(tmp_path / "blobs")

@@ -3,17 +3,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dart.agent.model import load_policy, score_response
+from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt
+from dart.agent.tiny import build_tiny
+from dart.agent.weights import check_state_dict, state_dict_from_bytes, state_dict_to_bytes
 from dart.errors import BlobCorrupted, ConfigError
-from dart.rollout.model import (
-    build_tiny,
-    check_state_dict,
-    load_policy,
-    score_response,
-    state_dict_from_bytes,
-    state_dict_to_bytes,
-)
-from dart.rollout.prompt import blob_image_loader, build_messages, encode_prompt
-from tests.rollout.conftest import SMALL, context
+from tests.agent.screens import SMALL, context
 
 
 def test_tiny_model_is_small_qwen2_5_vl(policy):

@@ -6,11 +6,7 @@ import struct
 
 import pytest
 
-from dart.config import build
-from dart.errors import ConfigError, DecodeError
-from dart.events import HistoryTurn
-from dart.manifest import PromptContext
-from dart.rollout.prompt import (
+from dart.agent.prompt import (
     COMPUTER_USE_PROMPT,
     PromptConfig,
     blob_image_loader,
@@ -19,7 +15,11 @@ from dart.rollout.prompt import (
     prompt_hash,
     smart_resize,
 )
-from tests.rollout.conftest import SMALL, context, png
+from dart.config import build
+from dart.errors import ConfigError, DecodeError
+from dart.events import HistoryTurn
+from dart.events.manifest import PromptContext
+from tests.agent.screens import SMALL, context, png
 
 
 def test_smart_resize_matches_ui_tars_defaults():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dart.env.actions import (
+from dart.agent.actions import (
     CallUser,
     Click,
     Drag,
@@ -20,7 +20,7 @@ from dart.env.actions import (
     Type,
     Wait,
 )
-from dart.env.uitars import Frame, parse_actions, parse_response, render_action, smart_resize
+from dart.agent.uitars import Frame, parse_actions, parse_response, render_action, smart_resize
 from dart.errors import ConfigError
 
 OUTPUTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "uitars" / "outputs.json"

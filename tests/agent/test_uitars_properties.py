@@ -7,7 +7,7 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dart.env.actions import (
+from dart.agent.actions import (
     CallUser,
     Click,
     Drag,
@@ -20,8 +20,8 @@ from dart.env.actions import (
     Type,
     Wait,
 )
-from dart.env.uitars import Frame, parse_actions, parse_response, render_action, render_response
-from dart.env.uitars import _parse_response as parse_strict  # the parser without its safety net
+from dart.agent.uitars import Frame, parse_actions, parse_response, render_action, render_response
+from dart.agent.uitars import _parse_response as parse_strict  # the parser without its safety net
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SCREENS = st.sampled_from([(1920, 1080), (1280, 720), (1366, 768), (800, 600), (3840, 2160), (640, 1136)])

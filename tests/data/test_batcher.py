@@ -5,7 +5,7 @@ from __future__ import annotations
 from dart.data.batcher import StepRecord, batch_id_for, build_manifest, plan_batch
 from dart.data.config import BatcherConfig, CurationConfig
 from dart.data.curation import GroupProgress, Outcome
-from dart.manifest import BatchManifest, PromptContext
+from dart.events.manifest import BatchManifest, PromptContext
 
 CUR = CurationConfig(entropy_top_fraction=0.5, min_failed_steps=0)
 BAT = BatcherConfig(groups_per_batch=2, group_timeout_s=60)

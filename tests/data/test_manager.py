@@ -26,7 +26,7 @@ from dart.data.manager import DataManager
 from dart.data.rows import TABLES
 from dart.data.store import Store
 from dart.events import BatchAssembled, RolloutRequested
-from dart.manifest import BatchManifest
+from dart.events.manifest import BatchManifest
 from tests.data.factories import Traj, group, heartbeat, task
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse]

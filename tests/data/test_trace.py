@@ -10,6 +10,8 @@ import uuid
 import pytest
 from PIL import Image
 
+from dart.agent.actions import to_wire
+from dart.agent.uitars import render_response
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig
 from dart.cli import build_parser
@@ -17,9 +19,7 @@ from dart.data.draw import CLICK, DRAG, LABEL, RIGHT, SCROLL, TEXT_BOX, draw_act
 from dart.data.manager import DataManager
 from dart.data.store import Store
 from dart.data.trace import load_trace, render_trace
-from dart.env.actions import to_wire
 from dart.env.synthetic import generate_tasks, oracle_trace, render_png, screen_of
-from dart.env.uitars import render_response
 from dart.errors import DartError
 from dart.events import (
     ActionChosen,

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from dart.agent.actions import Action, Finished, to_wire
 from dart.bus import BusConfig, Consumer, Producer, read_topic
-from dart.env.actions import Action, Finished, to_wire
 from dart.events import (
     ActionChosen,
     ObservationEmitted,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dart.env.actions import CallUser, Finished
+from dart.agent.actions import CallUser, Finished
 from dart.env.backend import CommandResult
 from dart.env.evaluators import (
     SUPPORTED_GETTERS,

@@ -12,7 +12,7 @@ from odf.opendocument import OpenDocumentSpreadsheet
 from odf.table import Table, TableCell, TableRow
 from odf.text import P
 
-from dart.env.actions import CallUser, Finished, Wait
+from dart.agent.actions import CallUser, Finished, Wait
 from dart.env.evaluators import FileContent, get_metric
 from dart.env.evaluators.metrics_table import compare_table_unsupported
 from dart.env.evaluators.sheets import UnreadableWorkbook, read_workbook

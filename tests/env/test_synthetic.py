@@ -9,7 +9,7 @@ import statistics
 import pytest
 from PIL import Image
 
-from dart.env.actions import Click, Hotkey, Scroll, Type, Wait
+from dart.agent.actions import Click, Hotkey, Scroll, Type, Wait
 from dart.env.synthetic import (
     PRESETS,
     LatencyConfig,

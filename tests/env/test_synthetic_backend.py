@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dart.env.actions import CallUser, Click
+from dart.agent.actions import CallUser, Click
 from dart.env.synthetic import (
     STATE_PATH,
     LatencyConfig,

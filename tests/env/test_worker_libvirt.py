@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
+from dart.agent.actions import Click
 from dart.bus import Producer, read_topic
 from dart.config import build
-from dart.env.actions import Click
 from dart.env.backends import VmPoolBackends
 from dart.env.libvirt.testdriver import TEST_TEMPLATE, free_port, start_agent, stop_agent
 from dart.env.worker import EnvWorker, EnvWorkerConfig

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
+from dart.agent.actions import CallUser, Click, Finished, to_wire
 from dart.blobs import LocalBlobStore
-from dart.env.actions import CallUser, Click, Finished, to_wire
 from dart.env.episode import Episode, ReplyTimeout, rollout_id_of
 from dart.env.slots import OffsetWatermark, SlotClock, next_attempt, trajectory_status, utilization
 from dart.env.synthetic import SyntheticBackend, generate_tasks, oracle_plan

@@ -11,8 +11,8 @@ import io
 import pytest
 from PIL import Image
 
+from dart.agent.actions import Hotkey, Type
 from dart.bus import Producer
-from dart.env.actions import Hotkey, Type
 from dart.env.worker import EnvWorker, EnvWorkerConfig
 from dart.env.xdesktop import XDesktopBackend, XDesktopConfig, local_tasks, oracle_plan
 from dart.events import TrajectoryStatus

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dart.env.actions import (
+from dart.agent.actions import (
     Click,
     Drag,
     Finished,

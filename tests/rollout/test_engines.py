@@ -7,6 +7,9 @@ import threading
 import pytest
 import torch
 
+from dart.agent.model import load_policy, score_response
+from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt
+from dart.agent.weights import state_dict_to_bytes
 from dart.errors import BlobCorrupted
 from dart.events import Sampling
 from dart.rollout.engine import (
@@ -17,9 +20,7 @@ from dart.rollout.engine import (
     sampling_probs,
 )
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig
-from dart.rollout.model import load_policy, score_response, state_dict_to_bytes
-from dart.rollout.prompt import blob_image_loader, build_messages, encode_prompt
-from tests.rollout.conftest import SMALL, context
+from tests.agent.screens import SMALL, context
 
 
 def request(
@@ -110,7 +111,8 @@ async def test_bad_prompt_fails_its_request_only(policy, store):
 
 
 async def test_weight_swap_mid_stream_fails_nothing_and_stamps_versions(tiny_dir, store, tmp_path):
-    from dart.rollout.model import build_tiny, state_dict_from_bytes
+    from dart.agent.tiny import build_tiny
+    from dart.agent.weights import state_dict_from_bytes
 
     own = load_policy(tiny_dir)  # a private copy: this test changes its weights
     other = state_dict_from_bytes(state_dict_to_bytes(load_policy(build_tiny(tmp_path / "v1", seed=1)).model))

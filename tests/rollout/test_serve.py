@@ -7,11 +7,11 @@ import asyncio
 import pytest
 from aiohttp import web
 
+from dart.agent.model import score_response
+from dart.agent.prompt import encode_prompt
 from dart.rollout.engine import EngineError
 from dart.rollout.hf_engine import HFEngine
-from dart.rollout.model import score_response
 from dart.rollout.openai_engine import OpenAIEngine, OpenAIEngineConfig
-from dart.rollout.prompt import encode_prompt
 from dart.rollout.server import make_app, start_server
 from tests.rollout.test_engines import request
 

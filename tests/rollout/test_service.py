@@ -7,14 +7,16 @@ import uuid
 
 import pytest
 
+from dart.agent.model import load_policy
+from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt, prompt_hash
+from dart.agent.tiny import build_tiny
+from dart.agent.weights import state_dict_to_bytes
 from dart.bus import Producer, ReplyInbox, read_topic
 from dart.events import ActionChosen, ObservationEmitted, Sampling, WeightsLoaded
-from dart.manifest import PromptContext
+from dart.events.manifest import PromptContext
 from dart.rollout.hf_engine import HFEngine
-from dart.rollout.model import build_tiny, load_policy, state_dict_to_bytes
-from dart.rollout.prompt import blob_image_loader, build_messages, encode_prompt, prompt_hash
 from dart.rollout.service import RolloutWorker, RolloutWorkerConfig
-from tests.rollout.conftest import SMALL, context
+from tests.agent.screens import SMALL, context
 from tests.rollout.test_weights import publish
 
 pytestmark = pytest.mark.kafka

@@ -3,10 +3,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+from dart.agent.model import load_policy
+from dart.agent.tiny import build_tiny
+from dart.agent.weights import WEIGHTS_FILE, state_dict_to_bytes, weights_sha256
 from dart.events import BlobRef, WeightsLoaded, WeightsPublished
 from dart.rollout.hf_engine import HFEngine
-from dart.rollout.model import build_tiny, load_policy, state_dict_to_bytes
-from dart.rollout.weights import WEIGHTS_FILE, WeightFollower, version_sha256
+from dart.rollout.weights import WeightFollower
 
 
 def publish(store, version: int, data: bytes) -> WeightsPublished:
@@ -18,7 +20,7 @@ def publish(store, version: int, data: bytes) -> WeightsPublished:
         version=version,
         parent_version=version - 1,
         blobs=blobs,
-        sha256=version_sha256(blobs),
+        sha256=weights_sha256(blobs),
         train_step=version,
     )
 

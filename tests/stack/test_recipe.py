@@ -9,26 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from dart.env.actions import Click
+from dart.agent.actions import Click
+from dart.agent.prompt import PromptConfig
+from dart.agent.uitars import parse_actions
 from dart.env.synthetic import generate_tasks, oracle_plan, screen_of
-from dart.env.uitars import parse_actions
 from dart.errors import ConfigError
 from dart.events import Sampling
 from dart.rollout.engine import GenerateRequest, Generation
-from dart.rollout.prompt import PromptConfig
-from dart.stack.recipe import (
-    Recipe,
-    Trajectory,
-    demo_tasks,
-    eval_schedule,
-    injected_samples,
-    mixed_groups,
-    oracle_text,
-    run_episode,
-    run_recipe,
-    sampling_seed,
-    template_of,
-)
+from dart.stack.episodes import Trajectory, eval_schedule, run_episode, sampling_seed
+from dart.stack.learn import injected_samples, mixed_groups, run_recipe
+from dart.stack.recipe import Recipe, make_tasks
+from dart.stack.warmstart import demo_tasks, oracle_text, template_of
 
 TINY = generate_tasks(6, preset="tiny", seed=0)
 CLICK_TASK = next(t for t in TINY if len(oracle_plan(t)) == 1)
@@ -79,8 +70,9 @@ def test_recipe_refuses_a_target_success_outside_0_1() -> None:
 
 
 def test_injected_oracle_solution_joins_each_all_fail_group_only(tmp_path: Path) -> None:
+    from dart.agent.model import load_policy
+    from dart.agent.tiny import build_tiny
     from dart.blobs import LocalBlobStore
-    from dart.rollout.model import build_tiny, load_policy
 
     policy = load_policy(build_tiny(tmp_path / "tiny", seed=0))
     by_id = {t["id"]: t for t in (CLICK_TASK, TWO_STEP_TASK)}
@@ -116,7 +108,7 @@ def test_shuffled_chunks_are_full_fresh_shuffles_every_pass() -> None:
     import itertools
     import random
 
-    from dart.stack.recipe import shuffled_chunks
+    from dart.stack.warmstart import shuffled_chunks
 
     chunks = list(itertools.islice(shuffled_chunks(list(range(10)), 4, random.Random(0)), 6))
     assert all(len(c) == 4 for c in chunks)  # 10 items: two chunks a pass, the short third left out
@@ -128,7 +120,7 @@ def test_shuffled_chunks_are_full_fresh_shuffles_every_pass() -> None:
 
 def test_sft_stops_at_the_first_check_that_reaches_its_target(tmp_path: Path, monkeypatch) -> None:
     """The check is a seam: scripted success rates stand in for greedy episodes of the policy."""
-    import dart.stack.recipe as recipe_mod
+    import dart.stack.warmstart as warmstart
     from dart.blobs import LocalBlobStore
 
     scripted, calls = iter([0.2, 0.6, 0.9]), []
@@ -137,12 +129,12 @@ def test_sft_stops_at_the_first_check_that_reaches_its_target(tmp_path: Path, mo
         calls.append(([t["id"] for t in tasks], episodes))
         return next(scripted)
 
-    monkeypatch.setattr(recipe_mod, "evaluate", fake_evaluate)
+    monkeypatch.setattr(warmstart, "evaluate", fake_evaluate)
     recipe = Recipe(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=50, sft_micro_batch=2, tasks_per_update=2,
                     sft_target_success=0.5, sft_check_every=3, sft_check_episodes=4)
-    train, held_out = recipe_mod.make_tasks(recipe)
+    train, held_out = make_tasks(recipe)
     lines: list[str] = []
-    warm = recipe_mod.warm_start(recipe, tmp_path, LocalBlobStore(tmp_path / "blobs"), train, log=lines.append)
+    warm = warmstart.warm_start(recipe, tmp_path, LocalBlobStore(tmp_path / "blobs"), train, log=lines.append)
     assert (warm / "model.safetensors").is_file()
     assert len(calls) == 2  # steps 3 and 6; the second reached 0.6 >= 0.5
     assert lines[-2:] == ["sft step 6: training-task success 0.600 (target 0.5)", "sft step 6: warm start reached its target"]

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import io
 import random
-from pathlib import Path
 
 import pytest
 
+from dart.agent.prompt import PromptConfig, blob_image_loader, build_messages, encode_prompt, prompt_hash
 from dart.events import HistoryTurn
-from dart.manifest import BatchManifest, PromptContext, Sample
-from dart.rollout.prompt import PromptConfig, blob_image_loader, build_messages, encode_prompt, prompt_hash
+from dart.events.manifest import BatchManifest, PromptContext, Sample
 
 SMALL = PromptConfig(min_pixels=4 * 28 * 28, max_pixels=4 * 28 * 28, max_images=2, max_turns=3)
 """Prompt settings that keep every screenshot at 4 image tokens."""
@@ -30,7 +29,7 @@ def make_manifest(store, policy, *, seq: int, groups: int = 2, per_group: int = 
                   seed: int = 0, prompt_cfg: PromptConfig = SMALL, run_id: str = "test") -> BatchManifest:
     """A batch as the data manager would assemble it: every step's prompt hashed with the real
     builder, responses scored by the policy itself (rollout log-probs = the model's, perturbed)."""
-    from dart.rollout.model import score_response
+    from dart.agent.model import score_response
 
     rng = random.Random(seed)
     load = blob_image_loader(store)
@@ -60,14 +59,7 @@ def make_manifest(store, policy, *, seq: int, groups: int = 2, per_group: int = 
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory) -> Path:
-    from dart.rollout.model import build_tiny
-
-    return build_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
-@pytest.fixture(scope="session")
 def tiny_policy(tiny_dir):
-    from dart.rollout.model import load_policy
+    from dart.agent.model import load_policy
 
     return load_policy(tiny_dir)

@@ -8,10 +8,11 @@ import json
 
 import pytest
 
+from dart.agent.model import load_policy
+from dart.agent.weights import check_state_dict, state_dict_from_bytes
 from dart.blobs import LocalBlobStore
 from dart.bus import read_topic
 from dart.errors import DecodeError
-from dart.rollout.model import check_state_dict, load_policy, state_dict_from_bytes
 from dart.train.__main__ import main
 from dart.train.sft import epoch_chunks, load_sft_data
 from tests.train.conftest import make_manifest

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from dart.agent.model import load_policy
+from dart.agent.weights import check_state_dict, state_dict_from_bytes, weights_sha256
 from dart.blobs import LocalBlobStore
-from dart.manifest import BatchManifest
-from dart.rollout.model import check_state_dict, load_policy, state_dict_from_bytes
+from dart.events.manifest import BatchManifest
 from dart.train.batch import collate, micro_batches, prepare_samples, step_mask
 from dart.train.checkpoint import checkpoints, read_state
 from dart.train.config import EngineConfig, OptimConfig, TrainerConfig
 from dart.train.engine import ResponseScorer
 from dart.train.loss import LossConfig
 from dart.train.trainer import Trainer
-from dart.train.weights import weights_sha256
 from tests.train.conftest import SMALL, make_manifest
 
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from dart.env.actions import Click, Drag, Hotkey, Scroll, Type
+from dart.agent.actions import Click, Drag, Hotkey, Scroll, Type
 from dart.env.libvirt.agent_client import AgentClient
 from dart.env.libvirt.backend import png_size
 from dart.env.libvirt.testdriver import free_port, start_agent, stop_agent

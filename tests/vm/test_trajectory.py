@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from dart.env.actions import Click, Finished, Type, Wait
+from dart.agent.actions import Click, Finished, Type, Wait
 from dart.env.libvirt import LibvirtBackend, VmPool, VmPoolConfig
 from dart.env.libvirt.backend import png_size
 from dart.env.libvirt.policy import VmState

@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from dart.env.actions import Click, Drag, Hotkey, InvalidAction, Scroll, Type, to_wire
+from dart.agent.actions import Click, Drag, Hotkey, InvalidAction, Scroll, Type, to_wire
 from dart.env.guest_agent import protocol
 from dart.env.libvirt import domain, policy, tinyguest
 from dart.env.libvirt.backend import png_size

@@ -20,7 +20,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from dart.env.actions import (
+from dart.agent.actions import (
     SCROLL_DIRECTIONS,
     Action,
     CallUser,
@@ -35,7 +35,7 @@ from dart.env.actions import (
     Type,
     Wait,
 )
-from dart.env.uitars.coords import (
+from dart.agent.uitars.coords import (
     CONVENTIONS,
     FACTOR,
     MAX_PIXELS,
@@ -46,7 +46,7 @@ from dart.env.uitars.coords import (
     parse_point,
     smart_resize,
 )
-from dart.env.uitars.scanner import CALL_START, Call, read_calls
+from dart.agent.uitars.scanner import CALL_START, Call, read_calls
 
 __all__ = [
     "CONVENTIONS",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dart.env.actions import InvalidAction
+from dart.agent.actions import InvalidAction
 
 
 class _SyntaxError(Exception):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from dart.env.actions import Action, CallUser
+from dart.agent.actions import Action, CallUser
 from dart.env.evaluators.registry import EvalContext, get_getter, get_metric, uses_final_action
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from dart.env.actions import CallUser
+from dart.agent.actions import CallUser
 from dart.env.evaluators.files import as_file
 from dart.env.evaluators.registry import register_metric
 from dart.errors import EnvError

@@ -17,7 +17,7 @@ from dart.env.tasks import Capabilities, OptionCheck
 from dart.errors import ConfigError
 
 if TYPE_CHECKING:
-    from dart.env.actions import Action
+    from dart.agent.actions import Action
     from dart.env.backend import EnvAccess
     from dart.env.tasks import Task
 

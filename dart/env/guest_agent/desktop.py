@@ -17,7 +17,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from dart.env.actions import Action
+from dart.agent.actions import Action
 from dart.env.xdesktop import input as xinput
 from dart.errors import EnvError, ToolMissing
 

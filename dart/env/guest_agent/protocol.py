@@ -33,7 +33,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from dart.env.actions import Action, InvalidAction, from_wire
+from dart.agent.actions import Action, InvalidAction, from_wire
 from dart.errors import DartError
 from dart.events import ParsedAction
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from dart.env.actions import InvalidAction
+from dart.agent.actions import InvalidAction
 from dart.env.guest_agent import protocol
 from dart.env.guest_agent.desktop import Desktop
 from dart.env.xdesktop.input import UnknownKey

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from dart.env.actions import Action, to_wire
+from dart.agent.actions import Action, to_wire
 from dart.env.backend import CommandResult
 from dart.env.guest_agent.protocol import action_body
 from dart.env.xdesktop import input as xinput

@@ -14,7 +14,7 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any
 
-from dart.env.actions import Action, CallUser, Finished, InvalidAction, Wait
+from dart.agent.actions import Action, CallUser, Finished, InvalidAction, Wait
 from dart.env.backend import CommandResult, EnvBackend, Health, Observation
 from dart.env.libvirt import setup
 from dart.env.libvirt.pool import VmPool

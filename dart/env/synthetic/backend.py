@@ -17,8 +17,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from dart.agent.actions import Action
 from dart.config import require
-from dart.env.actions import Action
 from dart.env.backend import CommandResult, EnvBackend, Health, Observation
 from dart.env.synthetic.generator import STATE_PATH
 from dart.env.synthetic.latency import LatencyConfig, sample_latency

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dart.env.actions import Action, Click, Finished, Hotkey, Scroll, Type
+from dart.agent.actions import Action, Click, Finished, Hotkey, Scroll, Type
 from dart.env.synthetic.generator import SETUP_TYPE
 from dart.env.synthetic.screen import (
     Spec,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from dart.env.actions import Action, Click, Hotkey, LeftDouble, Scroll, Type
+from dart.agent.actions import Action, Click, Hotkey, LeftDouble, Scroll, Type
 from dart.errors import ConfigError
 
 WIDGET_KINDS = frozenset({"button", "checkbox", "textfield", "list", "label", "panel"})

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dart.agent.actions import Action, Wait
 from dart.config import require
-from dart.env.actions import Action, Wait
 from dart.env.backend import CommandResult, EnvBackend, Health, Observation
 from dart.env.tasks import Task
 from dart.env.xdesktop.display import XDisplay

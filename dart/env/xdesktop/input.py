@@ -13,7 +13,7 @@ import asyncio
 import re
 from collections.abc import Mapping, Sequence
 
-from dart.env.actions import Action, Click, Drag, Hotkey, LeftDouble, RightSingle, Scroll, Type
+from dart.agent.actions import Action, Click, Drag, Hotkey, LeftDouble, RightSingle, Scroll, Type
 from dart.errors import EnvError
 
 Argv = list[str]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from dart.env.actions import Action, Hotkey, Type, Wait
+from dart.agent.actions import Action, Hotkey, Type, Wait
 from dart.env.tasks import Task
 from dart.env.xdesktop.setup import TASKS_DIR
 from dart.errors import ConfigError

@@ -1,0 +1,188 @@
+"""The learning recipe in one process: SFT warm start, then step-wise GRPO, on synthetic tasks.
+
+This is the proof that the tiny Qwen2.5-VL policy learns with dart's own parts, and the source
+of the numbers the asynchronous stack (``make run``) must use to learn the same way. It calls
+exactly what the services call — the prompt builder and the ``hf`` engine of the rollout
+workers, the UI-TARS parser, the synthetic backend and its evaluator, the trainer's batch
+preparation, loss and update, and ``dart train --sft`` — wired in-process without the bus::
+
+    init = build_tiny(...)                                   # random-weight policy
+    warm = run_sft(oracle_samples(train tasks))              # partial: stops at a target success
+    evaluate(warm, eval tasks)                               # held-out success, >= 200 episodes
+    for each update:                                         # step-wise GRPO
+        trajectories = rollout_groups(engine, G rollouts of N train tasks)
+        apply_update(engine, samples of groups with mixed rewards, loss)
+    evaluate(final, eval tasks)
+
+Episodes (:mod:`dart.stack.episodes`) follow :class:`dart.env.episode.Episode`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from dart.agent.model import Policy, load_policy, save_policy
+from dart.agent.prompt import blob_image_loader
+from dart.blobs import BlobStore, LocalBlobStore
+from dart.events.manifest import Sample
+from dart.stack.episodes import Trajectory, evaluate, rollout_groups
+from dart.stack.recipe import Recipe, make_tasks
+from dart.stack.warmstart import Log, manifest_of, oracle_samples, warm_start
+
+
+def mixed_groups(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    """The trajectories of groups whose rewards are not all equal (the others have A = 0)."""
+    rewards: dict[str, set[float]] = {}
+    for t in trajectories:
+        rewards.setdefault(t.group_id, set()).add(t.reward)
+    return [t for t in trajectories if len(rewards[t.group_id]) > 1]
+
+
+def trajectory_samples(trajectories: Sequence[Trajectory], *, policy_version: int) -> list[Sample]:
+    """Step-wise samples (every step carries its trajectory's reward), as the data manager batches them."""
+    return [
+        Sample(rollout_id=t.rollout_id, step_index=i, task_id=t.task_id, group_id=t.group_id,
+               context=s.context, prompt_hash=s.prompt_hash, response_token_ids=s.token_ids,
+               rollout_logprobs=s.logprobs, entropies=s.entropies, policy_version=policy_version,
+               reward=t.reward)
+        for t in trajectories for i, s in enumerate(t.steps) if s.token_ids
+    ]
+
+
+def injected_samples(trajectories: Sequence[Trajectory], tasks: dict[str, dict[str, Any]], policy: Policy,
+                     store: BlobStore, recipe: Recipe, *, update: int) -> list[Sample]:
+    """The oracle solution of every all-fail group's task, joined to that group (reward 1, ``sft``)."""
+    rewards: dict[str, set[float]] = {}
+    task_of: dict[str, str] = {}
+    for t in trajectories:
+        rewards.setdefault(t.group_id, set()).add(t.reward)
+        task_of[t.group_id] = t.task_id
+    out: list[Sample] = []
+    for group_id, seen in sorted(rewards.items()):
+        if max(seen) < 1.0:
+            for s in oracle_samples([tasks[task_of[group_id]]], policy, store, recipe):
+                out.append(replace(s, group_id=group_id, rollout_id=f"oracle:{group_id}", policy_version=update))
+    return out
+
+
+def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Trajectory], *, store: BlobStore,
+              recipe: Recipe, update: int, tasks: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:
+    """One GRPO update on the trajectories, through the trainer's own batch preparation and update."""
+    from dart.train.batch import micro_batches, prepare_samples, step_mask
+    from dart.train.update import apply_update
+
+    chosen = mixed_groups(trajectories) if recipe.drop_uniform_groups else list(trajectories)
+    samples = trajectory_samples(chosen, policy_version=update)
+    if recipe.inject_experience and tasks is not None:
+        samples += injected_samples(trajectories, tasks, policy, store, recipe, update=update)
+    if not samples:
+        return {"samples": 0.0}
+    kept, dropped = prepare_samples(manifest_of(samples, update), tokenizer=policy.tokenizer,
+                                    image_processor=policy.image_processor, load_image=blob_image_loader(store),
+                                    prompt_cfg=recipe.prompt, check_hash=True)
+    if broken := [d for d in dropped if d.reason != "vision_token"]:
+        raise RuntimeError(f"{len(broken)} samples dropped ({broken[0].reason}: {broken[0].detail}): the "
+                           "trainer must rebuild the rollout prompts exactly")
+    batches = micro_batches(kept, step_mask(kept, recipe.loss.entropy_top_frac), size=recipe.micro_batch,
+                            pad_id=policy.pad_token_id)
+    policy.model.train()
+    result = apply_update(engine, batches, recipe.loss, ref, epochs=recipe.ppo_epochs,
+                          minibatches=recipe.ppo_minibatches)
+    policy.model.eval()
+    means = result.stats.means()
+    return {"samples": float(result.num_samples), "grad_norm": result.grad_norm,
+            "loss": means.get("loss/total", 0.0), "kl": means.get("loss/kl", 0.0),
+            "entropy": means.get("entropy/mean", 0.0)}
+
+
+def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: Path | None = None) -> dict[str, Any]:
+    """Build, warm-start, evaluate, train with RL, evaluate again; returns the numbers.
+
+    Keys: warm_success, rl_success, delta, eval_episodes, train_success (rollout success per
+    update), updates (per-update stats), recipe, and wall seconds per phase (sft_s, eval_warm_s,
+    rl_s, eval_rl_s, total_s). The warm start is in ``workdir/warm``, the RL policy in
+    ``workdir/final``. ``warm``: start RL from this policy directory instead (no build, no SFT),
+    to study RL settings on one warm start.
+    """
+    import torch
+
+    from dart.rollout.hf_engine import HFEngine, HFEngineConfig
+    from dart.train.config import EngineConfig, OptimConfig
+    from dart.train.engine import ReferencePolicy, TorchEngine
+
+    t_all = time.perf_counter()
+    torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+    workdir = Path(workdir)
+    store = open_workdir(workdir)
+    train, held_out = make_tasks(recipe)
+    out: dict[str, Any] = {"eval_episodes": recipe.eval_episodes, "recipe": asdict(recipe)}
+
+    t0 = time.perf_counter()
+    warm_dir = warm or warm_start(recipe, workdir, store, train, log)
+    out["sft_s"] = elapsed(t0)
+    policy = load_policy(warm_dir)
+    t0 = time.perf_counter()
+    out["warm_success"] = evaluate(policy, held_out, recipe.eval_episodes, store=store, recipe=recipe, phase=1)
+    out["eval_warm_s"] = elapsed(t0)
+    log(f"warm start: held-out success {out['warm_success']:.3f} over {recipe.eval_episodes} episodes "
+        f"(sft {out['sft_s']} s, eval {out['eval_warm_s']} s)")
+
+    t0 = time.perf_counter()
+    engine = TorchEngine(policy.model, OptimConfig(lr=recipe.rl_lr, weight_decay=recipe.weight_decay,
+                                                   max_grad_norm=recipe.max_grad_norm),
+                         EngineConfig(device="cpu", threads=recipe.threads))
+    ref = (ReferencePolicy(copy.deepcopy(policy.model), engine.device, engine.dtype)
+           if recipe.loss.kl_coef > 0 else None)
+    rng = random.Random(recipe.seed)
+    by_id = {t["id"]: t for t in train}
+    out["train_success"], out["updates"] = [], []
+
+    async def rl_loop() -> None:
+        gen = HFEngine(policy, HFEngineConfig(max_batch_size=recipe.engine_batch))
+        try:
+            for u in range(recipe.updates):
+                tu = time.perf_counter()
+                policy.model.eval()
+                trajectories = await rollout_groups(gen, rng.sample(train, recipe.tasks_per_update), store=store,
+                                                    recipe=recipe, update=u)
+                success = sum(t.reward >= 1.0 for t in trajectories) / len(trajectories)
+                out["train_success"].append(success)
+                tr = elapsed(tu)
+                stats = rl_update(engine, ref, policy, trajectories, store=store, recipe=recipe, update=u,
+                                  tasks=by_id)
+                out["updates"].append({**stats, "rollout_success": success, "rollouts_s": tr, "update_s": elapsed(tu)})
+                log(f"update {u + 1}/{recipe.updates}: rollout success {success:.3f}, "
+                    f"{int(stats['samples'])} samples, loss {stats.get('loss', 0.0):+.4f}, "
+                    f"grad {stats.get('grad_norm', 0.0):.3f}, rollouts {tr} s, total {elapsed(tu)} s")
+        finally:
+            await gen.close()
+
+    asyncio.run(rl_loop())
+    out["rl_s"] = elapsed(t0)
+    save_policy(policy, workdir / "final", state=engine.full_state_dict())
+    t0 = time.perf_counter()
+    out["rl_success"] = evaluate(policy, held_out, recipe.eval_episodes, store=store, recipe=recipe, phase=2)
+    out["eval_rl_s"] = elapsed(t0)
+    out["delta"] = out["rl_success"] - out["warm_success"]
+    out["total_s"] = elapsed(t_all)
+    log(f"RL: held-out success {out['rl_success']:.3f} over {recipe.eval_episodes} episodes "
+        f"(warm start {out['warm_success']:.3f}, delta {out['delta']:+.3f}; rl {out['rl_s']} s, "
+        f"eval {out['eval_rl_s']} s, total {out['total_s']} s)")
+    return out
+
+
+def open_workdir(workdir: Path) -> LocalBlobStore:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return LocalBlobStore(workdir / "blobs")
+
+
+def elapsed(t0: float) -> float:
+    return round(time.perf_counter() - t0, 1)

@@ -1,0 +1,178 @@
+"""The warm start: the tiny policy built, then SFT on oracle demonstrations until a target success.
+
+Oracle solutions of the synthetic training tasks become UI-TARS answers in the rollout worker's
+frame, with prompts built exactly as the rollout worker builds them (:func:`oracle_samples`);
+:func:`warm_start` trains on them with the maths of ``dart train --sft``, stopping once greedy
+success on training tasks reaches ``Recipe.sft_target_success`` (a deliberately partial warm
+start, so RL has room).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from dart.agent.actions import Action
+from dart.agent.model import Policy, load_policy, save_policy
+from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt, prompt_hash
+from dart.agent.tiny import build_tiny
+from dart.agent.uitars import parse_actions, render_response
+from dart.blobs import BlobStore
+from dart.env.synthetic import oracle_trace, render_png, screen_of
+from dart.errors import ConfigError
+from dart.events import HistoryTurn
+from dart.events.manifest import BatchManifest, PromptContext, Sample
+from dart.stack.episodes import evaluate
+from dart.stack.recipe import Recipe
+
+Log = Callable[[str], None]
+
+
+def oracle_text(action: Action, screen: tuple[int, int], recipe: Recipe) -> str:
+    """The UI-TARS answer of one oracle action, in the frame the rollout worker parses.
+
+    ``render_response`` writes coordinates in the UI-TARS default pixel frame; a prompt with
+    other smart-resize bounds would make the parser read them elsewhere, so that is refused.
+    """
+    text = render_response(recipe.thought, [action], screen=screen, convention=recipe.convention)
+    parsed = parse_actions(text, screen=screen, convention=recipe.convention,
+                           min_pixels=recipe.prompt.min_pixels, max_pixels=recipe.prompt.max_pixels)
+    if len(parsed) != 1 or not _same_action(parsed[0], action, screen):
+        raise ConfigError(f"oracle answer {text!r} parses to {parsed!r} with prompt pixels "
+                         f"{recipe.prompt.min_pixels}..{recipe.prompt.max_pixels}: use the UI-TARS default "
+                         "bounds or convention qwen2vl")
+    return text
+
+
+def _same_action(a: Action, b: Action, screen: tuple[int, int]) -> bool:
+    tol = max(screen) / 100
+    da, db = asdict(a), asdict(b)
+    if da.keys() != db.keys():
+        return False
+    return all(abs(v - db[k]) <= tol if isinstance(v, float) else v == db[k] for k, v in da.items())
+
+
+def oracle_samples(tasks: Sequence[dict[str, Any]], policy: Policy, store: BlobStore, recipe: Recipe) -> list[Sample]:
+    """One SFT sample per oracle step: screenshots into ``store``, answers rendered as UI-TARS
+    text (ending with the stop token), prompts built exactly as the rollout worker builds them."""
+    load = blob_image_loader(store)
+    stop = policy.stop_token_ids[0]
+    samples = []
+    for task in tasks:
+        spec = screen_of(task)
+        screen = (int(spec["width"]), int(spec["height"]))
+        history: list[HistoryTurn] = []
+        for i, (state, action) in enumerate(oracle_trace(task)):
+            digest = store.put(render_png(spec, state))
+            ctx = PromptContext(instruction=task["instruction"], step_index=i, screenshot_digest=digest,
+                                screen_width=screen[0], screen_height=screen[1], history=list(history))
+            text = oracle_text(action, screen, recipe)
+            ids = [*policy.tokenizer(text, add_special_tokens=False)["input_ids"], stop]
+            messages, images = build_messages(ctx, load, recipe.prompt)
+            inputs = encode_prompt(policy.tokenizer, policy.image_processor, messages, images)
+            samples.append(Sample(rollout_id=f"oracle:{task['id']}", step_index=i, task_id=task["id"],
+                                  group_id=f"oracle:{task['id']}", context=ctx, prompt_hash=prompt_hash(inputs.input_ids),
+                                  response_token_ids=ids, rollout_logprobs=[0.0] * len(ids), entropies=[],
+                                  policy_version=0, reward=1.0, origin="oracle", sft=True))
+            history.append(HistoryTurn(step_index=i, screenshot_digest=digest, response_text=text))
+    return samples
+
+
+def write_samples(samples: Sequence[Sample], path: Path) -> Path:
+    """A JSON-lines experience file ``dart train --sft`` reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(asdict(s)) + "\n" for s in samples))
+    return path
+
+
+def template_of(task: dict[str, Any]) -> str:
+    return str(task["config"][0]["parameters"].get("template", ""))
+
+
+def demo_tasks(train: Sequence[dict[str, Any]], recipe: Recipe) -> list[dict[str, Any]]:
+    """The training tasks whose oracle solutions are the SFT data: the first ``sft_demos`` of the
+    ``sft_templates`` (all templates when empty)."""
+    withheld = {w.lower() for w in recipe.sft_withhold}
+    pool = [t for t in train if (not recipe.sft_templates or template_of(t) in recipe.sft_templates)
+            and not withheld & set(re.findall(r"\w+", t["instruction"].lower()))]
+    return pool[: recipe.sft_demos]
+
+
+def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[dict[str, Any]],
+               log: Log = print) -> Path:
+    """Build the tiny policy and SFT it on oracle demonstrations; returns the ``workdir/warm`` policy.
+
+    The maths of ``dart train --sft`` (prompt rebuild with hash check, plain NLL, the torch
+    engine, ``save_policy``; the same data is written to ``workdir/sft.jsonl``), counted in
+    optimiser steps instead of epochs: ``sft_steps`` micro-batches of ``sft_micro_batch``, cut from a
+    fresh shuffle of the demonstrations every pass (a short last chunk is left out). With
+    ``sft_target_success``, every ``sft_check_every`` steps the policy plays ``sft_check_episodes``
+    greedy episodes of training tasks, and SFT stops once their success reaches the target.
+    """
+    import torch
+
+    from dart.train.batch import collate, prepare_samples
+    from dart.train.config import EngineConfig, OptimConfig
+    from dart.train.engine import TorchEngine
+    from dart.train.loss import nll_loss
+
+    init = build_tiny(workdir / "init", seed=recipe.seed, size=recipe.model)
+    if recipe.sft_steps == 0:
+        return init
+    policy = load_policy(init)
+    demos = oracle_samples(demo_tasks(train, recipe), policy, store, recipe)
+    write_samples(demos, workdir / "sft.jsonl")  # the same data for `dart train --sft`
+    kept, dropped = prepare_samples(manifest_of(demos, 0), tokenizer=policy.tokenizer,
+                                    image_processor=policy.image_processor, load_image=blob_image_loader(store),
+                                    prompt_cfg=recipe.prompt, check_hash=True, advantages=False)
+    if dropped:
+        raise ConfigError(f"{len(dropped)} oracle samples do not rebuild ({dropped[0].reason}: {dropped[0].detail})")
+    engine = TorchEngine(policy.model, OptimConfig(lr=recipe.sft_lr, weight_decay=0.0),
+                         EngineConfig(device="cpu", threads=recipe.threads))
+    rng = random.Random(recipe.seed)
+    check = random.Random(f"{recipe.seed}:sft-check").sample(list(train), min(len(train), recipe.sft_check_episodes))
+    size = min(recipe.sft_micro_batch, len(kept))
+    losses: list[float] = []
+    for step, chunk in enumerate(shuffled_chunks(kept, size, rng), start=1):
+        batch = collate(chunk, torch.ones(size, dtype=torch.bool), pad_id=policy.pad_token_id)
+        logp_B_T, _ = engine.forward(batch)
+        loss, _ = nll_loss(logp_B_T, batch.mask_B_T)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+        if step % 100 == 0 or step == recipe.sft_steps:
+            log(f"sft step {step}/{recipe.sft_steps}: nll {sum(losses) / len(losses):.4f}")
+            losses = []
+        if recipe.sft_target_success is not None and step % recipe.sft_check_every == 0:
+            success = evaluate(policy, check, recipe.sft_check_episodes, store=store, recipe=recipe, phase=-step)
+            policy.model.train()
+            log(f"sft step {step}: training-task success {success:.3f} (target {recipe.sft_target_success})")
+            if success >= recipe.sft_target_success:
+                log(f"sft step {step}: warm start reached its target")
+                break
+        if step == recipe.sft_steps:
+            break
+    save_policy(policy, workdir / "warm", state=engine.full_state_dict())
+    return workdir / "warm"
+
+
+def shuffled_chunks(items: Sequence[Any], size: int, rng: random.Random) -> Iterator[list[Any]]:
+    """Endless chunks of ``size`` items, each pass over ``items`` a fresh shuffle
+    (:func:`dart.train.sft.epoch_chunks`); a short last chunk of a pass is left out."""
+    from dart.train.sft import epoch_chunks
+
+    if not 1 <= size <= len(items):
+        raise ValueError(f"chunk size must be in [1, {len(items)}], got {size}")
+    while True:
+        for chunk in epoch_chunks(len(items), size, rng):
+            if len(chunk) == size:
+                yield [items[i] for i in chunk]
+
+
+def manifest_of(samples: list[Sample], update: int) -> BatchManifest:
+    return BatchManifest(batch_id=f"recipe-{update}", seq=update, run_id="recipe", samples=samples)
