@@ -19,6 +19,7 @@ from dart.errors import DartError
 
 COMMAND_MODULES = (
     "dart.bus.cli",
+    "dart.log.cli",
     "dart.env.cli",
     "dart.env.worker_cli",
     "dart.env.libvirt.cli",

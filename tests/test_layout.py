@@ -21,7 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DART = REPO / "dart"
 SERVICES = ("env", "rollout", "data", "train")
-KERNEL = ("events", "bus", "blobs", "config", "errors")
+KERNEL = ("events", "bus", "log", "blobs", "config", "errors")
 """Packages and modules of dart/ every service may import, besides the agent core."""
 
 

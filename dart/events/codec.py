@@ -185,6 +185,10 @@ class Registry:
             raise KeyError(f"no event type {name!r}; known: {sorted(self._by_name)}")
         return self._by_name[short]
 
+    def names_by_fingerprint(self) -> dict[bytes, str]:
+        """Every known writer fingerprint (8 bytes, as on the wire) -> its event type's short name."""
+        return {fp: codec.cls.SCHEMA.rsplit(".", 1)[-1] for fp, codec in self._by_fp.items()}
+
     def encode(self, event: Event) -> bytes:
         codec = self._by_cls.get(type(event))
         if codec is None:

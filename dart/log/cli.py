@@ -1,0 +1,113 @@
+"""`dart archiver` (the service) and `dart log ls|verify|export|import` (the archive as a file artifact).
+
+A run directory or its ``log/`` folder may be named: ``dart log verify runs/local`` and
+``dart log verify runs/local/log`` read the same archive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from dart.bus.cli import add_bus_args, bus_from_args
+from dart.config import build, load_yaml
+
+log = logging.getLogger(__name__)
+
+
+def log_dir_of(path: str | Path) -> Path:
+    """``RUN_DIR/log`` for a run directory, else the path itself."""
+    p = Path(path)
+    return p / "log" if (p / "log").is_dir() or (p / "summary.json").exists() or (p / "config").is_dir() else p
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("archiver", help="archive every topic of the prefix into Avro files (the durable log)")
+    add_bus_args(p)  # --config: its `archiver:` section configures it
+    p.add_argument("--log-dir", type=Path, help="archive directory (RUN_DIR/log)")
+    p.add_argument("--flush-interval-s", type=float, help="longest a record waits before it is in a file")
+    p.set_defaults(func=cmd_archiver)
+
+    p = sub.add_parser("log", help="the archived event log of a run: ls, verify, export, import")
+    lsub = p.add_subparsers(dest="log_command", required=True)
+    e = lsub.add_parser("ls", help="topics, records, offset ranges, bytes and gaps of an archive")
+    e.add_argument("path", help="run directory or archive directory")
+    e.set_defaults(func=cmd_ls)
+    e = lsub.add_parser("verify", help="every file readable, offsets contiguous, every record decodes "
+                                       "(exit 1 otherwise, naming the file and offset)")
+    e.add_argument("path", help="run directory or archive directory")
+    e.set_defaults(func=cmd_verify)
+    e = lsub.add_parser("export", help="copy a live broker's topics of the prefix into an archive (until caught up)")
+    e.add_argument("path", help="run directory or archive directory")
+    add_bus_args(e)
+    e.set_defaults(func=cmd_export)
+    e = lsub.add_parser("import", help="republish an archive into a fresh broker: same partitions, order, keys, "
+                                       "offsets; consumer-group positions restored")
+    e.add_argument("path", help="run directory or archive directory")
+    add_bus_args(e)
+    e.add_argument("--force", action="store_true", help="append to topics that already hold records")
+    e.set_defaults(func=cmd_import)
+
+
+def archiver_config(args: argparse.Namespace) -> Any:
+    from dart.log.archiver import ArchiverConfig
+
+    data: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        data = dict(load_yaml(args.config).get("archiver", {}) or {})
+    if getattr(args, "log_dir", None):
+        data["log_dir"] = args.log_dir
+    if getattr(args, "flush_interval_s", None):
+        data["flush_interval_s"] = args.flush_interval_s
+    return build(ArchiverConfig, data, path="archiver")
+
+
+def cmd_archiver(args: argparse.Namespace) -> int:
+    from dart.log.archiver import run_archiver
+
+    return run_archiver(archiver_config(args), bus_from_args(args))
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from dart.log.check import format_listing, listing
+
+    rows = listing(log_dir_of(args.path))
+    print(format_listing(rows))
+    return 0 if rows else 1
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from dart.log.check import verify
+
+    where = log_dir_of(args.path)
+    verdict = verify(where)
+    for line in verdict.dead_lettered:
+        print(f"dead-lettered in the run (not a fault of the archive): {line}")
+    for line in verdict.problems:
+        print(f"PROBLEM {line}", file=sys.stderr)
+    state = "ok" if verdict.ok else f"{len(verdict.problems)} problems"
+    print(f"{where}: {verdict.records} records in {verdict.files} files: {state}")
+    return 0 if verdict.ok else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from dart.log.archiver import Archiver, ArchiverConfig
+
+    where = log_dir_of(args.path)
+    per_topic = Archiver(ArchiverConfig(log_dir=where), bus_from_args(args)).run(until_caught_up=True)
+    print(f"exported {sum(per_topic.values())} records of {len(per_topic)} topics into {where}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from dart.log.restore import import_archive
+
+    where = log_dir_of(args.path)
+    bus = bus_from_args(args)
+    done = import_archive(where, bus, force=args.force, progress=lambda line: log.info("import %s", line))
+    print(f"imported {sum(done.records.values())} records of {len(done.records)} topics into {bus.bootstrap} in "
+          f"{done.seconds} s; consumer-group offsets restored for {len(done.groups)} groups")
+    return 0
