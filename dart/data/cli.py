@@ -49,7 +49,15 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("replay", help="rebuild the projection from the log into a fresh store and prove it "
                                       "equal to the live one, table by table (exit 1 on any difference)")
+    p.add_argument("run_dir", nargs="?", type=Path,
+                   help="a run directory: replay its archived log (RUN_DIR/log, no broker needed) against its "
+                        "store (RUN_DIR/chdb); without it the live broker's topics are read")
     add_bus_args(p)  # --config: its `bus:` and `data:` sections name the log and the live store
+    until = p.add_mutually_exclusive_group()
+    until.add_argument("--until-ms", type=int, help="with RUN_DIR: only records with a Kafka timestamp <= this "
+                                                    "(ms since the epoch); the state as of that moment")
+    until.add_argument("--until-version", type=int, help="with RUN_DIR: the state when policy version N was "
+                                                         "published (what the data manager held then)")
     p.add_argument("--url", help="SQL endpoint of the live projection (a data manager's or a ClickHouse server)")
     p.add_argument("--dsn", help="live store: chdb:///abs/path (its running data manager is found from "
                                  "<path>.http) or http://host:8123")
@@ -250,10 +258,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
     import tempfile
     import time
 
-    from dart.data.replay import compare, format_checks, rebuild
+    from dart.data.replay import compare, format_checks, rebuild, rebuild_from_archive, version_time_ms
     from dart.data.rows import TABLES
     from dart.data.store import Store, http_file, parse_dsn
 
+    run_dir = args.run_dir
+    if run_dir is not None:
+        if args.config is None and (run_dir / "config" / "data-manager.yaml").exists():
+            args.config = str(run_dir / "config" / "data-manager.yaml")
+        if args.dsn is None and args.url is None:
+            args.dsn = f"chdb://{(run_dir / 'chdb').resolve()}"
+    elif args.until_ms is not None or args.until_version is not None:
+        raise ConfigError("replay: --until-ms/--until-version need RUN_DIR (they cut the archived log)")
     cfg = data_config(argparse.Namespace(config=args.config, dsn=args.dsn, database=args.database))
     bus = bus_from_args(args)
     live_db = cfg.store.database
@@ -285,10 +301,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
         live_query = live_store.query
         fresh = Store.open_dsn(cfg.store.dsn, database=f"{live_db}_replay_{int(time.time())}")
     try:
-        counts = asyncio.run(rebuild(bus, fresh))
-        print(f"replayed {sum(counts.values())} events from {len(counts)} topics of {bus.prefix}.* "
-              f"into {fresh.target.path}:{fresh.database}")
-        deadline = time.monotonic() + args.wait_s
+        if run_dir is not None:
+            log_dir = run_dir / "log"
+            until = (version_time_ms(log_dir, args.until_version) if args.until_version is not None
+                     else args.until_ms)
+            t0 = time.monotonic()
+            counts = rebuild_from_archive(log_dir, fresh, until_ms=until)
+            n = sum(counts.values())
+            print(f"replayed {n} archived events from {len(counts)} topics of {log_dir} into "
+                  f"{fresh.target.path}:{fresh.database} ({n / max(1e-9, time.monotonic() - t0):,.0f} events/s)")
+            if until is not None:
+                args.keep = True  # a past state is for looking at, not for comparing with today's store
+                print(f"the state as of {until} ms (Kafka time) is kept in database {fresh.database}: query it with "
+                      f"`dart sql --dsn chdb://{fresh.target.path} --database {fresh.database} ...`")
+                return 0
+        else:
+            counts = asyncio.run(rebuild(bus, fresh))
+            print(f"replayed {sum(counts.values())} events from {len(counts)} topics of {bus.prefix}.* "
+                  f"into {fresh.target.path}:{fresh.database}")
+        # A finished run's store does not lag its log: no point in waiting for it to catch up.
+        deadline = time.monotonic() + (0.0 if run_dir is not None and url is None else args.wait_s)
         while True:
             checks, diffs = compare(live_query, live_db, fresh.query, fresh.database, TABLES, args.show)
             if all(c.equal for c in checks) or time.monotonic() >= deadline:

@@ -67,6 +67,8 @@ def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path) -> dic
         "batcher": {"groups_per_batch": r.tasks_per_update, "interval_s": 0.5},
         "http": {"port": 0, "host": "127.0.0.1"},
     }
+    # The archiver writes the log to RUN_DIR/log as it happens: the run's durable copy of the log.
+    out["archiver"] = {"archiver": {"log_dir": str(workdir / "log"), "flush_interval_s": 1.0}}
     if cfg.pipeline == "coupled":
         data["pipeline"] = "coupled"
     out["data-manager"] = {"data": deep_merge(data, cfg.data.options)}
@@ -78,10 +80,12 @@ def validate(sections: dict[str, dict[str, Any]]) -> None:
     """Build every service config; ConfigError names the service and the field."""
     from dart.data.config import DataConfig
     from dart.env.config import EnvWorkerConfig
+    from dart.log.archiver import ArchiverConfig
     from dart.rollout.service import RolloutWorkerConfig
     from dart.train.config import TrainerConfig
 
-    kinds = {"env": EnvWorkerConfig, "rollout": RolloutWorkerConfig, "train": TrainerConfig, "data": DataConfig}
+    kinds = {"env": EnvWorkerConfig, "rollout": RolloutWorkerConfig, "train": TrainerConfig, "data": DataConfig,
+             "archiver": ArchiverConfig}
     for name, body in sections.items():
         for section, data in body.items():
             try:
@@ -92,7 +96,8 @@ def validate(sections: dict[str, dict[str, Any]]) -> None:
 
 def service_specs(sections: dict[str, dict[str, Any]], config_dir: Path) -> list[ServiceSpec]:
     """One supervised process per service, each reading its own YAML file (written by the caller)."""
-    commands = {"env": "env-worker", "rollout": "rollout-worker", "train": "train", "data": "data-manager"}
+    commands = {"env": "env-worker", "rollout": "rollout-worker", "train": "train", "data": "data-manager",
+                "archiver": "archiver"}
     specs = []
     for name, body in sections.items():
         (section,) = body

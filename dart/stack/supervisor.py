@@ -122,5 +122,16 @@ class Supervisor:
                 self._say(f"{run.spec.name}: did not stop within {timeout_s:.0f} s; killed")
         self._say(f"stopped {', '.join(r.spec.name for r in targets)}")
 
+    def start_again(self, names: list[str]) -> None:
+        """Start stopped services anew (after the broker was rebuilt); restart counts are kept."""
+        for name in names:
+            run = self.services[name]
+            if run.proc.poll() is None:
+                continue
+            run.proc = self._spawn(run.spec)
+            run.started_at = time.monotonic()
+            run.state = "running"
+            self._say(f"{name}: started again (pid {run.proc.pid})")
+
     def any_failed(self) -> bool:
         return any(r.state.startswith("failed") for r in self.services.values())

@@ -114,9 +114,11 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
     supervisor = Supervisor(workdir / "logs", base_env={"DART_BOOTSTRAP": bus.bootstrap})
     try:
         ensure_topics(bus)
+        restored = broker is not None and restore_log(workdir / "log", bus)
         train, held_out = make_tasks(recipe)
-        register_tasks(bus, cfg.run_id, train, "train")
-        register_tasks(bus, cfg.run_id, held_out, "eval")
+        if not restored:
+            register_tasks(bus, cfg.run_id, train, "train")
+            register_tasks(bus, cfg.run_id, held_out, "eval")
         say(f"{len(train)} training and {len(held_out)} held-out {recipe.preset!r} tasks on {bus.topics.tasks}")
 
         t0 = time.monotonic()
@@ -149,7 +151,7 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
         for spec in service_specs(sections, workdir / "config"):
             supervisor.start(spec)
 
-        summary.update(_rl_phase(cfg, supervisor, workdir, stop_after_s=stop_after_s))
+        summary.update(_rl_phase(cfg, supervisor, workdir, stop_after_s=stop_after_s, broker=broker, bus=bus))
     except KeyboardInterrupt:
         say("interrupted: stopping every service cleanly")
         summary["interrupted"] = True
@@ -157,10 +159,12 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
         if supervisor.services:
             # Producers first; the data manager last, so it projects everything they wrote
             # (on SIGTERM it stops deciding, drains the log's tail into the store, then exits).
-            producers = [n for n in supervisor.services if n != "data-manager"]
+            # The archiver goes after the data manager: the log's last records reach the archive.
+            producers = [n for n in supervisor.services if n not in ("data-manager", "archiver")]
             supervisor.stop(producers)
-            if "data-manager" in supervisor.services:
-                supervisor.stop(["data-manager"])
+            for last in ("data-manager", "archiver"):
+                if last in supervisor.services:
+                    supervisor.stop([last])
         if broker is not None:
             broker.stop()
 
@@ -181,14 +185,50 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
     return summary
 
 
-def _rl_phase(cfg: StackConfig, supervisor: Supervisor, workdir: Path, *, stop_after_s: float | None) -> dict:
+def restore_log(log_dir: Path, bus: BusConfig) -> bool:
+    """Rebuild the fresh dev broker from an existing run directory's archive; False when there is none."""
+    from dart.log import list_segments
+    from dart.log.restore import import_archive
+
+    if not list_segments(log_dir):
+        return False
+    done = import_archive(log_dir, bus)
+    say(f"log restored from {log_dir}: {sum(done.records.values())} records of {len(done.records)} topics at their "
+        f"offsets, positions of {len(done.groups)} consumer groups ({done.seconds} s)")
+    return True
+
+
+def recover_broker(broker: DevBroker, supervisor: Supervisor, bus: BusConfig, log_dir: Path) -> None:
+    """The dev broker died: stop every service, start the broker again on its port, restore it
+    from the archive (records at their offsets, group positions), then start the services again.
+
+    The archiver stops first, so what it had fetched but not yet written reaches its files;
+    what the broker acknowledged and the archiver never fetched is lost (the window that
+    ``archiver.flush_interval_s`` bounds)."""
+    say(f"the broker on {broker.bootstrap} died: stopping the services, rebuilding it from {log_dir}")
+    names = list(supervisor.services)
+    if "archiver" in supervisor.services:
+        supervisor.stop(["archiver"], timeout_s=15.0)
+    supervisor.stop([n for n in names if n != "archiver"], timeout_s=15.0)
+    broker.start()
+    ensure_topics(bus)
+    restore_log(log_dir, bus)
+    supervisor.start_again(names)
+
+
+def _rl_phase(cfg: StackConfig, supervisor: Supervisor, workdir: Path, *, stop_after_s: float | None,
+              broker: DevBroker | None = None, bus: BusConfig | None = None) -> dict:
     budget_s = stop_after_s if stop_after_s is not None else cfg.rl_minutes * 60
     progress = Progress(workdir / "chdb")
     display = Display()
     t0 = time.monotonic()
     snap = progress.snapshot()
+    recoveries = 0
     while True:
         time.sleep(1.0)
+        if broker is not None and bus is not None and not broker.running:
+            recover_broker(broker, supervisor, bus, workdir / "log")
+            recoveries += 1
         supervisor.poll()
         elapsed = time.monotonic() - t0
         if display.due() or elapsed >= budget_s:
@@ -207,7 +247,7 @@ def _rl_phase(cfg: StackConfig, supervisor: Supervisor, workdir: Path, *, stop_a
     return {"rl_s": round(time.monotonic() - t0, 1), "updates": snap.updates, "trajectories": snap.trajectories,
             "policy_version": snap.version, "trajectories_success": snap.successes,
             "infra_errors": snap.infra_errors, "utilisation": snap.utilisation,
-            "staleness_mean": snap.staleness_mean, "by_version": snap.by_version}
+            "staleness_mean": snap.staleness_mean, "by_version": snap.by_version, "broker_restores": recoveries}
 
 
 def _jsonable(value: Any) -> Any:
