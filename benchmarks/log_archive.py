@@ -116,7 +116,7 @@ def main() -> None:
     print(f"produce, memory broker           {res['produce_memory_eps']:>12,.0f} ev/s")
     print(f"produce, memory + archiver       {res['produce_archived_eps']:>12,.0f} ev/s   "
           f"ratio {res['produce_ratio']:.2f}")
-    print(f"archiver max lag while producing {res['archiver_max_lag_records']:>12,} records; caught up "
+    print(f"archiver most records unwritten {res['archiver_max_lag_records']:>12,}; caught up "
           f"{res['archive_catch_up_s']:.2f} s after the last ack")
     print(f"archive (broker -> files)        {res['archive_eps']:>12,.0f} ev/s")
     print(f"plain fastavro read              {res['plain_read_eps']:>12,.0f} ev/s")
