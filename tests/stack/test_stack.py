@@ -29,7 +29,8 @@ def test_the_default_config_builds_every_service(tmp_path):
     from dart.config import load_yaml
 
     out = sections(load_yaml(REPO / "configs" / "synthetic.yaml"), tmp_path)
-    assert set(out) == {"env-0", "rollout-0", "trainer", "data-manager"}
+    assert set(out) == {"env-0", "rollout-0", "trainer", "data-manager", "archiver"}
+    assert out["archiver"]["archiver"]["log_dir"] == str(tmp_path / "log")
 
 
 def test_rollout_workers_and_trainer_get_the_same_prompt_and_model(tmp_path):
