@@ -117,6 +117,18 @@ def parse_coupling(out: str) -> list[Row]:
     ]
 
 
+def parse_log(out: str) -> list[Row]:
+    res = json.loads(out.strip().splitlines()[-1])
+    return [
+        row("durable log: produce with the archiver following vs memory broker alone",
+            f"{res['produce_archived_eps']:,.0f} events/s", f"{res['produce_memory_eps']:,.0f} events/s",
+            res["produce_ratio"]),
+        row("replay from the archive: read + typed decode vs plain fastavro read",
+            f"{res['replay_decode_eps']:,.0f} events/s", f"{res['plain_read_eps']:,.0f} events/s",
+            res["replay_ratio"], ">= 50,000 events/s and >= 0.5"),
+    ]
+
+
 BENCHES = (
     Bench("bus_throughput", ("--events", "10000", "--repeats", "2"), parse_bus),
     Bench("env_utilization", ("--window-s", "15", "--requests", "300"), parse_env),
@@ -124,6 +136,7 @@ BENCHES = (
     Bench("ingest", ("--events", "20000", "--steps", "200000"), parse_ingest),
     Bench("train_throughput", ("--samples", "16", "--updates", "2", "--publish-mb", "64"), parse_train),
     Bench("vm_reset", ("--rounds", "2"), parse_vm),
+    Bench("log_archive", ("--events", "60000"), parse_log),
     Bench("decoupled_vs_coupled", ("--window-s", "120"), parse_coupling, timeout_s=1200),
 )
 

@@ -1,4 +1,5 @@
-"""`dart data-manager`, `dart sql`, `dart report`, `dart experience import`.
+"""`dart data-manager`, `dart sql`, `dart report`, `dart trace`, `dart experience import`, and the
+store side of `dart replay` (registered by dart.stack.cli, which also re-runs logged decisions).
 
 Config comes from flags, then a config file's ``data:`` section (and ``bus:`` for the log),
 then defaults. ``dart sql`` and ``dart report`` speak the ClickHouse protocol through
@@ -47,29 +48,6 @@ def register(sub: Any) -> None:
     p.add_argument("--out", type=Path, help="directory for report.txt and the PNG plots")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("replay", help="rebuild the projection from the log into a fresh store and prove it "
-                                      "equal to the live one, table by table (exit 1 on any difference)")
-    p.add_argument("run_dir", nargs="?", type=Path,
-                   help="a run directory: replay its archived log (RUN_DIR/log, no broker needed) against its "
-                        "store (RUN_DIR/chdb); without it the live broker's topics are read")
-    add_bus_args(p)  # --config: its `bus:` and `data:` sections name the log and the live store
-    until = p.add_mutually_exclusive_group()
-    until.add_argument("--until-ms", type=int, help="with RUN_DIR: only records with a Kafka timestamp <= this "
-                                                    "(ms since the epoch); the state as of that moment")
-    until.add_argument("--until-version", type=int, help="with RUN_DIR: the state when policy version N was "
-                                                         "published (what the data manager held then)")
-    p.add_argument("--url", help="SQL endpoint of the live projection (a data manager's or a ClickHouse server)")
-    p.add_argument("--dsn", help="live store: chdb:///abs/path (its running data manager is found from "
-                                 "<path>.http) or http://host:8123")
-    p.add_argument("--database", help="database of the live projection (default: the config's, else dart)")
-    p.add_argument("--out", help="fresh store, chdb:///abs/path (default: a temporary one, removed after; "
-                                 "when no data manager serves the live path: a new database in that path)")
-    p.add_argument("--keep", action="store_true", help="keep the fresh store (or database) after the check")
-    p.add_argument("--wait-s", type=float, default=10.0,
-                   help="re-check a differing live side for this long (a running data manager may lag the log)")
-    p.add_argument("--show", type=int, default=5, help="differing rows to name per table")
-    p.set_defaults(func=cmd_replay)
-
     p = sub.add_parser("trace", help="one trajectory as pictures: each step's screenshot with its action drawn "
                                      "on it, thought, policy version, log-prob, entropy (HTML + PNG strip)")
     p.add_argument("rollout_id", help="the trajectory (rollout_id of its TrajectoryFinished)")
@@ -88,6 +66,31 @@ def register(sub: Any) -> None:
     e.add_argument("--run-id", help="run id stamped on the events")
     e.add_argument("--origin", default="experience", choices=["experience", "oracle"])
     e.set_defaults(func=cmd_experience_import)
+
+
+def add_replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", nargs="*",
+                   help="RUN_DIR: replay its archived log (RUN_DIR/log, no broker needed) against its store "
+                        "(RUN_DIR/chdb); none: the live broker's topics; `decision RUN_DIR ROLLOUT_ID STEP`: "
+                        "re-run the policy on a logged observation with the version that acted")
+    p.add_argument("--worker-config", type=Path, help="decision: the rollout worker's config "
+                                                      "(default RUN_DIR/config/rollout-0.yaml)")
+    add_bus_args(p)  # --config: its `bus:` and `data:` sections name the log and the live store
+    until = p.add_mutually_exclusive_group()
+    until.add_argument("--until-ms", type=int, help="with RUN_DIR: only records with a Kafka timestamp <= this "
+                                                    "(ms since the epoch); the state as of that moment")
+    until.add_argument("--until-version", type=int, help="with RUN_DIR: the state when policy version N was "
+                                                         "published (what the data manager held then)")
+    p.add_argument("--url", help="SQL endpoint of the live projection (a data manager's or a ClickHouse server)")
+    p.add_argument("--dsn", help="live store: chdb:///abs/path (its running data manager is found from "
+                                 "<path>.http) or http://host:8123")
+    p.add_argument("--database", help="database of the live projection (default: the config's, else dart)")
+    p.add_argument("--out", help="fresh store, chdb:///abs/path (default: a temporary one, removed after; "
+                                 "when no data manager serves the live path: a new database in that path)")
+    p.add_argument("--keep", action="store_true", help="keep the fresh store (or database) after the check")
+    p.add_argument("--wait-s", type=float, default=10.0,
+                   help="re-check a differing live side for this long (a running data manager may lag the log)")
+    p.add_argument("--show", type=int, default=5, help="differing rows to name per table")
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -262,7 +265,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from dart.data.rows import TABLES
     from dart.data.store import Store, http_file, parse_dsn
 
-    run_dir = args.run_dir
+    if len(args.target) > 1:
+        raise ConfigError(f"replay: expected at most one RUN_DIR, got {args.target}")
+    run_dir = Path(args.target[0]) if args.target else None
     if run_dir is not None:
         if args.config is None and (run_dir / "config" / "data-manager.yaml").exists():
             args.config = str(run_dir / "config" / "data-manager.yaml")

@@ -1,4 +1,5 @@
-"""`dart up CONFIG` and `dart eval`."""
+"""`dart up CONFIG`, `dart eval` and `dart replay` (the store rebuilt from the log, or one logged
+decision re-run: both read across services, so they live in the composition root)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ def register(sub: Any) -> None:
     p.add_argument("--latest", action="store_true", help="the run's latest trainer checkpoint")
     p.add_argument("--episodes", type=int, help="evaluation episodes (default: the recipe's)")
     p.set_defaults(func=cmd_eval)
+
+    from dart.data.cli import add_replay_args
+
+    p = sub.add_parser("replay", help="rebuild the projection from the log into a fresh store and prove it "
+                                      "equal to the live one, table by table (exit 1 on any difference); "
+                                      "`replay decision RUN_DIR ROLLOUT_ID STEP` re-runs one logged decision")
+    add_replay_args(p)
+    p.set_defaults(func=cmd_replay)
 
 
 def load_stack_config(path: Path, args: argparse.Namespace | None = None) -> Any:
@@ -70,3 +79,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     what = f"{model}" + (f" + {checkpoint.name}" if checkpoint else "")
     print(f"held-out success of {what}: {rate:.1%} over {recipe.eval_episodes} episodes")
     return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from dart.data.cli import cmd_replay as replay_store
+    from dart.errors import ConfigError
+
+    if args.target[:1] != ["decision"]:
+        return replay_store(args)
+    if len(args.target) != 4 or not args.target[3].isdigit():
+        raise ConfigError("replay decision: expected RUN_DIR ROLLOUT_ID STEP (STEP a number)")
+    from dart.stack.debug import replay_decision
+
+    _, run_dir, rollout_id, step = args.target
+    result = replay_decision(Path(run_dir), rollout_id, int(step), worker_config=args.worker_config)
+    print(result.text())
+    return 0 if result.identical else 1

@@ -93,3 +93,25 @@ def test_kill_9_of_the_broker_mid_run_is_restored_from_the_archive_and_the_run_r
                    "GROUP BY rollout_id HAVING count() > 1) FORMAT TSV")
     assert doubled.returncode == 0, doubled.stderr
     assert doubled.stdout.strip() == "0"
+
+    # The state as of a policy version, from the archive alone.
+    past = dart("replay", str(run), "--until-version", "2")
+    assert past.returncode == 0, past.stdout + past.stderr
+    assert "kept in database" in past.stdout
+
+    # One logged decision re-run with the weights that made it: same prompt token for token, and
+    # the logged log-probs reproduced by a re-scoring forward pass.
+    from dart.data.replay import archived_events
+    from dart.events import ActionChosen
+
+    acted = [e for _, e in archived_events(run / "log")
+             if isinstance(e, ActionChosen) and e.policy_version >= 1 and e.response_token_ids]
+    assert acted, "no action of a trained version was logged"
+    pick = acted[0]
+    out = dart("replay", "decision", str(run), pick.rollout_id, str(pick.step_index))
+    print(out.stdout)
+    assert out.returncode in (0, 1), out.stderr
+    assert f"policy version {pick.policy_version}" in out.stdout
+    assert "rebuilt token for token" in out.stdout
+    diff = float(re.search(r"max \|diff\| ([0-9.e+-]+) nats", out.stdout)[1])
+    assert diff < 1e-3

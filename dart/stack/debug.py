@@ -1,0 +1,149 @@
+"""Re-run a logged decision from a finished run's archive: ``dart replay decision``.
+
+Everything comes from the run directory: the observation and the action the rollout worker
+sent (from the archive), the weights of the version that acted (``WeightsPublished`` in the
+archive, its blob in ``RUN_DIR/blobs``; version 0 is the run's initial model), the screenshots
+(blobs) and the prompt settings (``RUN_DIR/config/rollout-0.yaml``). The policy then answers
+the same observation three ways:
+
+- **same sampling** (the logged temperature, top-p and seed): the rollout worker's per-request
+  generator is seeded from the logged seed, so on the same CPU build the text is identical;
+- **greedy**: what the policy would say at temperature 0;
+- **re-scored**: the logged response tokens under the policy in one forward pass; the largest
+  difference from the logged per-token log-probs says whether the weights and prompt are the
+  ones that acted (differences of 1e-6 are float noise; whole nats mean a different prompt or
+  different weights).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dart.blobs import LocalBlobStore
+from dart.config import build, load_yaml
+from dart.errors import ConfigError
+from dart.events import ActionChosen, ObservationEmitted, Sampling, WeightsPublished, decode
+from dart.log import ArchiveError, list_segments, read_partition
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionReplay:
+    rollout_id: str
+    step_index: int
+    policy_version: int
+    logged_text: str
+    same_sampling_text: str
+    greedy_text: str
+    max_logprob_diff: float
+    """Largest |re-scored - logged| per-token log-prob (nats) over the logged response."""
+    tokens: int
+    prompt_equal: bool
+    """The rebuilt prompt's token hash equals the logged ``prompt_hash``."""
+
+    @property
+    def identical(self) -> bool:
+        return self.same_sampling_text == self.logged_text
+
+    def text(self) -> str:
+        def show(s: str) -> str:
+            return repr(s if len(s) <= 160 else s[:157] + "...")
+
+        return "\n".join([
+            f"decision {self.rollout_id} step {self.step_index}, policy version {self.policy_version}",
+            f"  logged                 {show(self.logged_text)}",
+            f"  same sampling (seeded) {show(self.same_sampling_text)}  "
+            f"{'IDENTICAL' if self.identical else 'DIFFERS'}",
+            f"  greedy                 {show(self.greedy_text)}  "
+            f"{'same as logged' if self.greedy_text == self.logged_text else 'differs from logged'}",
+            f"  prompt                 {'rebuilt token for token (hash equal)' if self.prompt_equal else 'DIFFERS'}",
+            f"  re-scored log-probs    max |diff| {self.max_logprob_diff:.2e} nats over {self.tokens} tokens",
+        ])
+
+
+def _find(log_dir: Path, rollout_id: str, step: int) -> tuple[ObservationEmitted, ActionChosen]:
+    obs = act = None
+    for (topic, _part), segs in sorted(list_segments(log_dir).items()):
+        if not topic.endswith((".env.observations", ".rollout.actions")):
+            continue
+        for rec in read_partition(segs):
+            if rec["key"] != rollout_id.encode() or rec["event_type"] not in ("ObservationEmitted", "ActionChosen"):
+                continue
+            event = decode(rec["value"])
+            if getattr(event, "step_index", None) != step:
+                continue
+            if isinstance(event, ObservationEmitted):
+                obs = event
+            elif isinstance(event, ActionChosen):
+                act = event
+    if obs is None or act is None:
+        raise ArchiveError(f"{log_dir}: no {'observation' if obs is None else 'action'} for rollout {rollout_id} "
+                           f"step {step} in the archive")
+    return obs, act
+
+
+def _weights_event(log_dir: Path, version: int) -> WeightsPublished | None:
+    for (topic, _part), segs in sorted(list_segments(log_dir).items()):
+        if topic.endswith(".weights"):
+            for rec in read_partition(segs):
+                event = decode(rec["value"])
+                if isinstance(event, WeightsPublished) and event.version == version:
+                    return event
+    return None
+
+
+def load_version(run_dir: Path, model_dir: Path, version: int) -> Any:
+    """The policy of ``model_dir`` with the weights the run published as ``version``."""
+    from dart.agent.model import load_policy
+    from dart.agent.weights import check_state_dict, check_version_digest, state_dict_from_bytes, weights_blob
+
+    policy = load_policy(model_dir)
+    if version == 0:
+        return policy
+    event = _weights_event(run_dir / "log", version)
+    if event is None:
+        raise ArchiveError(f"{run_dir / 'log'}: version {version} was never published in this run")
+    check_version_digest(event)
+    state = state_dict_from_bytes(LocalBlobStore(run_dir / "blobs").get(weights_blob(event).digest))
+    check_state_dict(policy.model, state)
+    policy.model.load_state_dict(state)
+    return policy
+
+
+def replay_decision(run_dir: Path, rollout_id: str, step: int, *, worker_config: Path | None = None) -> DecisionReplay:
+    from dart.agent.model import score_response
+    from dart.agent.prompt import PromptContext, blob_image_loader, build_messages, encode_prompt, prompt_hash
+    from dart.rollout.engine import GenerateRequest
+    from dart.rollout.hf_engine import HFEngine
+    from dart.rollout.service import RolloutWorkerConfig
+
+    config = worker_config or run_dir / "config" / "rollout-0.yaml"
+    if not config.exists():
+        raise ConfigError(f"{config} does not exist: name the rollout worker's config with --worker-config")
+    cfg = build(RolloutWorkerConfig, load_yaml(config).get("rollout", {}), path="rollout")
+    obs, act = _find(run_dir / "log", rollout_id, step)
+    policy = load_version(run_dir, Path(cfg.model), act.policy_version)
+    store = LocalBlobStore(run_dir / "blobs")
+    ctx = PromptContext.from_observation(obs)
+    messages, images = build_messages(ctx, blob_image_loader(store), cfg.prompt)
+    greedy = dataclasses.replace(act.sampling, temperature=0.0)
+
+    async def answer(sampling: Sampling) -> str:
+        engine = HFEngine(policy, cfg.hf)
+        await engine.start()
+        try:
+            gen = await engine.generate(GenerateRequest(messages=messages, images=images, sampling=sampling))
+        finally:
+            await engine.close()
+        return gen.text
+
+    same = asyncio.run(answer(act.sampling))
+    greedy_text = asyncio.run(answer(greedy))
+    inputs = encode_prompt(policy.tokenizer, policy.image_processor, messages, images)
+    logprobs, _ = score_response(policy.model, inputs, list(act.response_token_ids))
+    diff = max((abs(a - b) for a, b in zip(logprobs, act.logprobs, strict=False)), default=0.0)
+    return DecisionReplay(rollout_id, step, act.policy_version, act.response_text, same, greedy_text, diff,
+                          len(act.response_token_ids), prompt_hash(inputs.token_ids()) == act.prompt_hash)
