@@ -32,7 +32,8 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("replay", help="rebuild the projection from the log into a fresh store and prove it "
                                       "equal to the live one, table by table (exit 1 on any difference); "
-                                      "`replay decision RUN_DIR ROLLOUT_ID STEP` re-runs one logged decision")
+                                      "`replay decision RUN_DIR ROLLOUT_ID STEP` re-runs one logged decision, "
+                                      "`replay update RUN_DIR VERSION` one logged trainer update")
     add_replay_args(p)
     p.set_defaults(func=cmd_replay)
 
@@ -85,6 +86,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from dart.data.cli import cmd_replay as replay_store
     from dart.errors import ConfigError
 
+    if args.target[:1] == ["update"]:
+        if len(args.target) != 3 or not args.target[2].isdigit():
+            raise ConfigError("replay update: expected RUN_DIR VERSION (VERSION a number)")
+        from dart.stack.debug import replay_update
+
+        update = replay_update(Path(args.target[1]), int(args.target[2]))
+        print(update.text())
+        return 0 if update.identical else 1
     if args.target[:1] != ["decision"]:
         return replay_store(args)
     if len(args.target) != 4 or not args.target[3].isdigit():

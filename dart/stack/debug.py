@@ -147,3 +147,95 @@ def replay_decision(run_dir: Path, rollout_id: str, step: int, *, worker_config:
     diff = max((abs(a - b) for a, b in zip(logprobs, act.logprobs, strict=False)), default=0.0)
     return DecisionReplay(rollout_id, step, act.policy_version, act.response_text, same, greedy_text, diff,
                           len(act.response_token_ids), prompt_hash(inputs.token_ids()) == act.prompt_hash)
+
+
+# ---------------------------------------------------------------- one trainer update
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateReplay:
+    version: int
+    train_step: int
+    batch_id: str
+    logged_digest: str
+    replayed_digest: str
+    from_checkpoint: str
+
+    @property
+    def identical(self) -> bool:
+        return self.logged_digest == self.replayed_digest
+
+    def text(self) -> str:
+        verdict = ("bit-exact: the same weights" if self.identical else
+                   "DIFFERS (same batch, same checkpoint: a nondeterministic kernel, another torch build or "
+                   "thread count than the run's trainer)")
+        return "\n".join([
+            f"update to version {self.version} (step {self.train_step}, batch {self.batch_id}) "
+            f"re-run from {self.from_checkpoint}",
+            f"  logged   model.safetensors sha256 {self.logged_digest}",
+            f"  replayed model.safetensors sha256 {self.replayed_digest}",
+            f"  {verdict}",
+        ])
+
+
+def _batch_event(log_dir: Path, batch_id: str) -> Any:
+    from dart.events import BatchAssembled
+
+    for (topic, _part), segs in sorted(list_segments(log_dir).items()):
+        if topic.endswith(".train.batches"):
+            for rec in read_partition(segs):
+                event = decode(rec["value"])
+                if isinstance(event, BatchAssembled) and event.batch_id == batch_id:
+                    return event
+    raise ArchiveError(f"{log_dir}: batch {batch_id} is not in the archive")
+
+
+def replay_update(run_dir: Path, version: int, *, trainer_config: Path | None = None) -> UpdateReplay:
+    """Re-run the trainer update that made ``version`` from the checkpoint before it and its logged
+    batch; compare the resulting weights' digest with the published one."""
+    import shutil
+    import tempfile
+
+    from dart.agent.weights import weights_blob
+    from dart.events.manifest import BatchManifest
+    from dart.train.checkpoint import checkpoints, step_dir_name
+    from dart.train.config import TrainerConfig
+    from dart.train.trainer import Trainer
+
+    config = trainer_config or run_dir / "config" / "trainer.yaml"
+    if not config.exists():
+        raise ConfigError(f"{config} does not exist: name the trainer's config with --trainer-config")
+    cfg = build(TrainerConfig, load_yaml(config).get("train", {}), path="train")
+    event = _weights_event(run_dir / "log", version)
+    if event is None or event.batch_id is None:
+        raise ArchiveError(f"{run_dir / 'log'}: no update published version {version}")
+    before = Path(cfg.checkpoint_dir) / step_dir_name(event.train_step - 1)
+    if not before.is_dir():
+        kept = [p.name for p in checkpoints(Path(cfg.checkpoint_dir))]
+        raise ConfigError(f"the checkpoint before version {version} ({before.name}) was pruned: the trainer keeps "
+                          f"the newest train.keep_checkpoints={cfg.keep_checkpoints} ({', '.join(kept) or 'none'}); "
+                          f"raise it to replay older updates")
+    blobs = LocalBlobStore(run_dir / "blobs")
+    batch = _batch_event(run_dir / "log", event.batch_id)
+    manifest = BatchManifest.from_bytes(blobs.get(batch.manifest_digest))
+    work = Path(tempfile.mkdtemp(prefix="dart-replay-update-"))
+    try:
+        shutil.copytree(before, work / before.name)
+        (work / "latest").write_text(before.name + "\n")
+        trainer = Trainer(dataclasses.replace(cfg, checkpoint_dir=work, keep_checkpoints=1000), blobs)
+        trainer.update(trainer.prepare(manifest))
+        after = trainer.checkpoint()
+        replayed = _sha256_file(after / "model.safetensors")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return UpdateReplay(version, event.train_step, event.batch_id, weights_blob(event).digest, replayed, before.name)
+
+
+def _sha256_file(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
