@@ -30,6 +30,15 @@ def _check_digest(digest: str) -> str:
     return digest
 
 
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or a new file in ``directory`` durable (the directory entry itself is fsynced)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 class BlobStore(Protocol):
     def put(self, data: bytes) -> str: ...
     def put_file(self, path: Path) -> str: ...

@@ -31,6 +31,7 @@ from typing import Any
 
 import fastavro
 
+from dart.blobs import fsync_dir
 from dart.errors import DartError, DecodeError
 
 ARCHIVE_SCHEMA: dict[str, Any] = {
@@ -163,16 +164,10 @@ def write_segment(log_dir: Path, topic: str, partition: int, records: list[dict[
     # Rename only a complete file: readers and a restarted archiver never see a partial one.
     os.replace(tmp, final)
     if fsync:
-        _fsync_dir(directory)
+        fsync_dir(directory)
     return Segment(topic, partition, first, last, final)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_segment(seg: Segment) -> Iterator[dict[str, Any]]:

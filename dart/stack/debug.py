@@ -115,7 +115,8 @@ def load_version(run_dir: Path, model_dir: Path, version: int) -> Any:
 
 def replay_decision(run_dir: Path, rollout_id: str, step: int, *, worker_config: Path | None = None) -> DecisionReplay:
     from dart.agent.model import score_response
-    from dart.agent.prompt import PromptContext, blob_image_loader, build_messages, encode_prompt, prompt_hash
+    from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt, prompt_hash
+    from dart.events.manifest import PromptContext
     from dart.rollout.engine import GenerateRequest
     from dart.rollout.hf_engine import HFEngine
     from dart.rollout.service import RolloutWorkerConfig

@@ -30,6 +30,7 @@ from typing import Any, Self
 import numpy as np
 import torch
 
+from dart.blobs import fsync_dir
 from dart.errors import DecodeError
 
 STATE_FILE = "state.json"
@@ -116,15 +117,9 @@ def _fsync_tree(directory: Path) -> None:
         if path.is_file():
             with open(path, "rb") as fh:
                 os.fsync(fh.fileno())
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def commit_checkpoint(root: Path, state: TrainState, write: Any, *, keep: int) -> Path:
@@ -144,7 +139,7 @@ def commit_checkpoint(root: Path, state: TrainState, write: Any, *, keep: int) -
     if final.exists():  # the same step written again after a crash: the new one wins
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     latest_tmp = root / f".tmp-latest-{uuid.uuid4().hex[:8]}"
     latest_tmp.write_text(final.name + "\n")
     os.replace(latest_tmp, root / "latest")
