@@ -37,7 +37,7 @@ def broker_pid(port: str) -> int:
 def test_kill_9_of_the_broker_mid_run_is_restored_from_the_archive_and_the_run_replays(tmp_path):
     run = tmp_path / "run"
     cfg = build(StackConfig, {
-        "run_id": "durable", "workdir": str(run), "rl_minutes": 4, "max_updates": 4, "evaluate": False,
+        "run_id": "durable", "workdir": str(run), "rl_minutes": 10, "max_updates": 4, "evaluate": False,
         "experience_tasks": 6,
         "recipe": {"train_tasks": 6, "eval_tasks": 2, "sft_demos": 4, "sft_steps": 2,
                    "tasks_per_update": 1, "group_size": 2, "max_new_tokens": 16},
@@ -117,7 +117,9 @@ def test_kill_9_of_the_broker_mid_run_is_restored_from_the_archive_and_the_run_r
     assert diff < 1e-3
 
     # The last logged trainer update re-run from the checkpoint before it: the same weights, bit for bit.
-    version = result["policy_version"]
+    from dart.events import WeightsPublished
+
+    version = max(e.version for _, e in archived_events(run / "log") if isinstance(e, WeightsPublished))
     update = dart("replay", "update", str(run), str(version))
     print(update.stdout, update.stderr[-2000:])
     assert update.returncode == 0, update.stdout + update.stderr[-2000:]
