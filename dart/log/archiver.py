@@ -219,6 +219,7 @@ class Archiver:
         finally:
             self._roll_due(math.inf)
             consumer.close()
+            self._compact_tails()
             self._save_groups()
             self._write_status()
             log.info("archiver stopped: %d records in %d files written this run", self.archived,
@@ -297,14 +298,29 @@ class Archiver:
 
     def _merge(self, key: tuple[str, int], state: _Partition) -> None:
         while n := merge_plan([s.records for s in state.segments], self.cfg.merge_count, self.cfg.segment_records):
-            parts = state.segments[-n:]
-            merged = write_segment(self.log_dir, key[0], key[1], list(read_partition(parts)), fsync=self.cfg.fsync)
-            # The merged file is in place before its parts go: a crash here leaves files that
-            # `repair` recognises as held by the merged one.
-            for seg in parts:
-                seg.path.unlink()
-            state.segments[-n:] = [merged]
-            log.debug("merged %d files of %s[%d] into %s", n, key[0], key[1], merged.path.name)
+            self._merge_last(key, state, n)
+
+    def _compact_tails(self) -> None:
+        """On stop: merge each partition's trailing small files into one (up to ``segment_records``),
+        so a finished run leaves a few files per partition instead of one per flush interval."""
+        for key, state in self.parts.items():
+            n, total = 0, 0
+            for seg in reversed(state.segments):
+                if total + seg.records > self.cfg.segment_records:
+                    break
+                n, total = n + 1, total + seg.records
+            if n >= 2:
+                self._merge_last(key, state, n)
+
+    def _merge_last(self, key: tuple[str, int], state: _Partition, n: int) -> None:
+        parts = state.segments[-n:]
+        merged = write_segment(self.log_dir, key[0], key[1], list(read_partition(parts)), fsync=self.cfg.fsync)
+        # The merged file is in place before its parts go: a crash here leaves files that
+        # `repair` recognises as held by the merged one.
+        for seg in parts:
+            seg.path.unlink()
+        state.segments[-n:] = [merged]
+        log.debug("merged %d files of %s[%d] into %s", n, key[0], key[1], merged.path.name)
 
     def _save_groups(self) -> None:
         try:

@@ -143,6 +143,16 @@ def test_a_truncated_file_is_named_with_the_last_good_offset(bus: BusConfig, tmp
         list(read_partition(segs))
 
 
+def test_a_clean_stop_leaves_one_file_per_partition_for_a_small_log(bus: BusConfig, tmp_path):
+    log_dir = tmp_path / "log"
+    for i in range(5):   # five archiver runs, five small files per partition, then merged on stop
+        produce(bus, [heartbeat(i * 10 + j) for j in range(10)])
+        archive(bus, log_dir)
+    for segs in list_segments(log_dir).values():
+        assert len(segs) == 1
+    assert verify(log_dir).records == 50
+
+
 def test_the_archive_resumes_where_its_files_end_and_never_writes_an_offset_twice(bus: BusConfig, tmp_path):
     produce(bus, [heartbeat(i) for i in range(100)])
     archive(bus, tmp_path / "log")
