@@ -71,6 +71,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--quiet", action="store_true", help="print only the summary")
     c.set_defaults(func=_check)
 
+    f = tsub.add_parser(
+        "fetch", help="fill the download cache with the files these tasks fetch from URLs",
+        description=_fetch.__doc__,
+    )
+    f.add_argument("paths", nargs="+", metavar="PATH", help="task file, folder of task files, or id-list file")
+    f.add_argument("--examples", type=Path, default=DEFAULT_EXAMPLES, help="OSWorld examples folder")
+    f.add_argument("--downloads", type=Path, help="download cache folder (default $DART_DOWNLOADS or .dart/blobs)")
+    f.add_argument("--from", dest="inbox", type=Path,
+                   help="take files from this folder (named as the missing-file error says) instead of the network")
+    f.add_argument("--list", action="store_true", help="only list the URLs not in the cache, with their inbox names")
+    f.add_argument("--timeout-s", type=float, default=120.0, help="time limit of one download")
+    f.set_defaults(func=_fetch)
+
     from dart.bus.cli import add_bus_args
 
     pub = tsub.add_parser("publish", help="put tasks on the tasks topic (OSWorld files or generated synthetic ones)")
@@ -206,3 +219,35 @@ def _check(args: argparse.Namespace) -> int:
         return 0
     print("REFUSED: " + " | ".join(report.problems(limit=3)), file=sys.stderr)
     return 1
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    """Put every file the tasks read from a URL (download steps, cloud_file and cache_file
+    getters) into the download cache: from --from DIR where files were copied by hand, else
+    from the network. Prints one line per URL still missing; exit 0 when none is."""
+    from dart.env.downloads import DownloadCache, task_urls, url_name
+    from dart.env.tasks import load_tasks
+
+    cache = DownloadCache(args.downloads)
+    tasks = load_tasks(args.paths, examples_root=args.examples)
+    urls = list(dict.fromkeys(u for t in tasks for u in task_urls(t)))
+    todo = [u for u in urls if not cache.has(u)]
+    missing: list[tuple[str, str]] = []
+    for url in todo:
+        if args.list:
+            missing.append((url, "not fetched"))
+        elif args.inbox is not None:
+            source = args.inbox / url_name(url)
+            if source.is_file():
+                cache.put_file(url, source)
+            else:
+                missing.append((url, f"no {source}"))
+        else:
+            r = cache.fetch(url, timeout_s=args.timeout_s)
+            if r.digest is None:
+                missing.append((url, r.error))
+    for url, why in missing:
+        print(f"missing {url_name(url)}  {url}  ({why})")
+    print(f"{len(tasks)} tasks read {len(urls)} URLs: {len(urls) - len(missing)} in the cache {cache.root}, "
+          f"{len(missing)} missing")
+    return 1 if missing else 0

@@ -7,6 +7,7 @@ exception (an infra error, never a score).
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -98,3 +99,40 @@ async def rule(env: EnvAccess, params: dict[str, Any], ctx: EvalContext) -> Any:
     if "rules" not in params:
         raise ConfigError("rule getter without 'rules'")
     return params["rules"]
+
+
+def _downloads(ctx: EvalContext) -> Any:
+    from dart.env.downloads import DownloadCache
+
+    cache = ctx.extras.get("downloads")
+    return cache if cache is not None else DownloadCache()
+
+
+async def _cached(ctx: EvalContext, url: Any, where: str) -> FileContent:
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"{where}: path must be a URL, got {url!r}")
+    cache = _downloads(ctx)
+    return FileContent(url, await asyncio.to_thread(cache.read, url))
+
+
+@register_getter("cloud_file")
+async def cloud_file(env: EnvAccess, params: dict[str, Any], ctx: EvalContext) -> Any:
+    """A gold file from a URL, read from the download cache (MissingDownload, an infra error,
+    if ``dart tasks fetch`` has not put it there). ``multi``: ``path`` is a list and ``gives``
+    picks the files returned (one file if it names one), as in OSWorld."""
+    path = params.get("path")
+    if not _truthy(params.get("multi")) and not isinstance(path, list):
+        return await _cached(ctx, path, "cloud_file")
+    if not isinstance(path, list):
+        raise ConfigError(f"cloud_file: multi needs a list of URLs, got {path!r}")
+    gives = params.get("gives", list(range(len(path))))
+    if not isinstance(gives, list) or not all(isinstance(i, int) and 0 <= i < len(path) for i in gives):
+        raise ConfigError(f"cloud_file: gives must list indices into path, got {gives!r}")
+    picked = [await _cached(ctx, path[i], "cloud_file") for i in gives]
+    return picked[0] if len(picked) == 1 else picked
+
+
+@register_getter("cache_file")
+async def cache_file(env: EnvAccess, params: dict[str, Any], ctx: EvalContext) -> FileContent:
+    """A file from a URL, read from the download cache (OSWorld downloads it at scoring time)."""
+    return await _cached(ctx, params.get("path"), "cache_file")

@@ -21,6 +21,7 @@ from typing import Any
 from dart.agent.actions import Action, Wait
 from dart.config import require
 from dart.env.backend import CommandResult, EnvBackend, Health, Observation
+from dart.env.downloads import DownloadCache
 from dart.env.tasks import Task
 from dart.env.xdesktop.display import XDisplay
 from dart.env.xdesktop.input import UnknownKey, run_argvs, xdotool_argvs
@@ -42,6 +43,9 @@ class XDesktopConfig:
     """Folder for the slots' homes and profiles ('' = the system temp folder)."""
     tasks_dir: str = ""
     """Where 'download' steps find shipped files ('' = the package's tasks folder)."""
+    downloads: str = ""
+    """Download cache of files tasks fetch from URLs ('' = $DART_DOWNLOADS or .dart/blobs;
+    fill it with `dart tasks fetch`)."""
     type_delay_ms: int = 5
     """Delay between typed keys; LibreOffice drops repeated keys below ~3 ms."""
     scroll_clicks: int = 5
@@ -82,6 +86,7 @@ class XDesktopBackend(EnvBackend):
             tasks_dir=Path(self.cfg.tasks_dir) if self.cfg.tasks_dir else TASKS_DIR,
             app_timeout_s=self.cfg.app_timeout_s, ready_s=self.cfg.ready_s,
             command_timeout_s=self.cfg.command_timeout_s,
+            downloads=DownloadCache(self.cfg.downloads or None),
         )
         self._started = False
         self._closed = False
@@ -123,7 +128,8 @@ class XDesktopBackend(EnvBackend):
         self._check()
         for step in task.evaluator.postconfig:
             await self.setup.run(step.type, step.parameters)
-        return await evaluate_task(task, self, final_action=final_action)
+        return await evaluate_task(task, self, final_action=final_action,
+                                   extras={"downloads": self.setup.downloads})
 
     async def health(self) -> Health:
         if self._closed:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from dart.env.downloads import DownloadCache, is_remote
 from dart.env.xdesktop.display import XDisplay
 from dart.errors import ConfigError, EnvError
 
@@ -102,8 +103,10 @@ class SetupRunner:
     """Runs setup (and postconfig) steps for one slot."""
 
     def __init__(self, display: XDisplay, *, profile: Path, tasks_dir: Path = TASKS_DIR,
-                 app_timeout_s: float = 60.0, ready_s: float = 1.0, command_timeout_s: float = 60.0) -> None:
+                 app_timeout_s: float = 60.0, ready_s: float = 1.0, command_timeout_s: float = 60.0,
+                 downloads: DownloadCache | None = None) -> None:
         self.display = display
+        self.downloads = downloads or DownloadCache()
         self.profile = profile
         self.tasks_dir = tasks_dir
         self.app_timeout_s = app_timeout_s
@@ -172,8 +175,9 @@ class SetupRunner:
             raise EnvError(f"setup command {argv!r} failed (exit {proc.returncode}): {err.decode()[-300:]}")
 
     def _fetch(self, url: str, path: str) -> None:
-        if url.startswith(("http://", "https://")):
-            raise EnvError(f"download {url}: this backend has no network; ship the file under {self.tasks_dir}/files")
+        if is_remote(url):  # from the download cache (`dart tasks fetch`), never the network
+            self.downloads.copy_to(url, resolve_path(path, self.home))
+            return
         source = Path(url[len("file://") :]) if url.startswith("file://") else self.tasks_dir / url
         if not source.is_file():
             raise EnvError(f"download: no file {source}")
