@@ -12,10 +12,12 @@ from __future__ import annotations
 from dart.env.evaluators import getters as _getters  # noqa: F401  (registers the built-ins)
 from dart.env.evaluators import metrics_basic as _metrics_basic  # noqa: F401
 from dart.env.evaluators import metrics_checks as _metrics_checks  # noqa: F401
+from dart.env.evaluators import metrics_chrome as _metrics_chrome  # noqa: F401
 from dart.env.evaluators import metrics_docs as _metrics_docs  # noqa: F401
 from dart.env.evaluators import metrics_json as _metrics_json  # noqa: F401
 from dart.env.evaluators import metrics_slides as _metrics_slides  # noqa: F401
 from dart.env.evaluators import metrics_table as _metrics_table  # noqa: F401
+from dart.env.evaluators import relative_time as _relative_time  # noqa: F401
 from dart.env.evaluators.evaluate import clamp_score, combine, evaluate_task, fetch
 from dart.env.evaluators.files import FileContent, as_file
 from dart.env.evaluators.getters import command_argv

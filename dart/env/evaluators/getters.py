@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dart.env.evaluators.files import FileContent
@@ -133,6 +134,14 @@ async def cloud_file(env: EnvAccess, params: dict[str, Any], ctx: EvalContext) -
 
 
 @register_getter("cache_file")
-async def cache_file(env: EnvAccess, params: dict[str, Any], ctx: EvalContext) -> FileContent:
-    """A file from a URL, read from the download cache (OSWorld downloads it at scoring time)."""
-    return await _cached(ctx, params.get("path"), "cache_file")
+async def cache_file(env: EnvAccess, params: dict[str, Any], ctx: EvalContext) -> FileContent | None:
+    """A file from a URL, read from the download cache (OSWorld downloads it at scoring time);
+    a plain name is the saved ``stdout`` of an ``execute`` step (in the backend's cache_dir)."""
+    path = params.get("path")
+    if isinstance(path, str) and not path.startswith(("http://", "https://")):
+        folder = ctx.extras.get("cache_dir")
+        if folder is None:
+            raise ConfigError(f"cache_file {path!r}: this backend keeps no command outputs")
+        target = Path(folder) / Path(path).name
+        return FileContent(path, target.read_bytes()) if target.is_file() else None
+    return await _cached(ctx, path, "cache_file")

@@ -102,6 +102,7 @@ class XDesktopBackend(EnvBackend):
         task = _as_task(task)
         await self.start()
         await self.display.kill_apps()
+        await self.setup.reset()
         await asyncio.to_thread(self._wipe_home)
         for step in task.config:
             await self.setup.run(step.type, step.parameters)
@@ -129,7 +130,8 @@ class XDesktopBackend(EnvBackend):
         for step in task.evaluator.postconfig:
             await self.setup.run(step.type, step.parameters)
         return await evaluate_task(task, self, final_action=final_action,
-                                   extras={"downloads": self.setup.downloads})
+                                   extras={"downloads": self.setup.downloads, "chrome": self.setup.chrome, "vlc": self.setup.vlc,
+                                           "cache_dir": self.setup.cache_dir})
 
     async def health(self) -> Health:
         if self._closed:
@@ -148,6 +150,7 @@ class XDesktopBackend(EnvBackend):
         if self._closed:
             return
         self._closed = True
+        await self.setup.chrome.close()
         await self.display.close()
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
 

@@ -10,19 +10,26 @@ one running office (a second ``soffice`` would hand its document to the first on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import re
 import shlex
 import shutil
+import signal
+import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from dart.env.downloads import DownloadCache, is_remote
+from dart.env.xdesktop.chrome import CHROME_NAMES, Chrome, free_port
 from dart.env.xdesktop.display import XDisplay
 from dart.errors import ConfigError, EnvError
 
-SETUP_TYPES = ("launch", "open", "execute", "command", "sleep", "download", "write_file", "activate_window")
+SETUP_TYPES = ("launch", "open", "execute", "command", "sleep", "download", "write_file", "activate_window",
+               "chrome_open_tabs", "chrome_close_tabs", "close_window")
 OSWORLD_HOME = "/home/user"
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 """Local tasks (``*.json``) and the files they ship (``files/``)."""
@@ -107,6 +114,11 @@ class SetupRunner:
                  downloads: DownloadCache | None = None) -> None:
         self.display = display
         self.downloads = downloads or DownloadCache()
+        self.chrome = Chrome(display.home)
+        self.vlc = Vlc()
+        self.cache_dir = profile.parent / "cache"
+        """Where ``execute`` steps with ``stdout`` leave their output (read by ``cache_file``)."""
+        self._apps: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.profile = profile
         self.tasks_dir = tasks_dir
         self.app_timeout_s = app_timeout_s
@@ -117,14 +129,19 @@ class SetupRunner:
     def home(self) -> Path:
         return self.display.home
 
+    async def reset(self) -> None:
+        """Forget the previous task's apps, browser and command outputs (the display has
+        already stopped the apps)."""
+        self._apps.clear()
+        self.vlc.port = None
+        await self.chrome.close()
+        await asyncio.to_thread(shutil.rmtree, self.cache_dir, True)
+
     async def run(self, step_type: str, params: dict[str, Any]) -> None:
         where = f"setup step {step_type!r}"
         match step_type:
             case "launch":
-                argv = office_argv(expand_argv(command_of(params, where), self.home), self.profile)
-                self.display.launch(argv)
-                if isinstance(params.get("window"), str):
-                    await self._ready(params["window"])
+                await self._launch(expand_argv(command_of(params, where), self.home), params)
             case "open":
                 path = resolve_path(_str(params, "path", where), self.home)
                 if not path.exists():
@@ -144,6 +161,14 @@ class SetupRunner:
                 data = json.dumps(content) if not isinstance(content, str) else content
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(data, encoding="utf-8")
+            case "chrome_open_tabs":
+                await self.chrome.wait_ready(self.app_timeout_s)
+                await self.chrome.open_tabs(list(params.get("urls_to_open", [])))
+            case "chrome_close_tabs":
+                await self.chrome.wait_ready(self.app_timeout_s)
+                await self.chrome.close_tabs(list(params.get("urls_to_close", [])))
+            case "close_window":
+                await self._close_window(_str(params, "window_name", where))
             case "activate_window":
                 wid = await self.display.wait_window(_str(params, "window_name", where), self.app_timeout_s)
                 proc = await asyncio.create_subprocess_exec("xdotool", "windowactivate", "--sync", wid,
@@ -153,24 +178,66 @@ class SetupRunner:
                 raise ConfigError(f"the xdesktop backend cannot run setup step {step_type!r} "
                                   f"(supported: {', '.join(SETUP_TYPES)})")
 
+    async def _launch(self, argv: list[str], params: dict[str, Any]) -> None:
+        while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):
+            argv = argv[1:]  # "VLC_VERBOSE=-1 vlc ...": a shell's variable prefix, only log levels here
+        if not argv:
+            raise ConfigError(f"launch: no command in {params!r}")
+        name = PurePosixPath(argv[0]).name
+        if name == "socat":
+            return  # OSWorld's forwarder to the DevTools port; this backend talks to the port itself
+        if name in CHROME_NAMES:
+            argv = self.chrome.argv(argv)
+        if name in ("vlc", "cvlc"):
+            argv = self.vlc.argv(argv)
+        self._apps.append((name, self.display.launch(office_argv(argv, self.profile))))
+        if name in CHROME_NAMES:
+            await self.chrome.wait_ready(self.app_timeout_s)
+        if isinstance(params.get("window"), str):
+            await self._ready(params["window"])
+
+    async def _pkill(self, pattern: str) -> None:
+        """OSWorld's ``pkill chrome`` / ``pkill vlc``: stop this slot's matching apps only (a real
+        pkill would reach every slot on the machine)."""
+        alias = {"chrome": ("google-chrome", "chromium"), "soffice": ("libreoffice",)}
+        names = (pattern, *alias.get(pattern, ()))
+        for name, proc in self._apps:
+            if any(n in name for n in names) and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                await asyncio.to_thread(_wait, proc, 5.0)
+        if "chrom" in pattern:
+            await self.chrome.close()
+
+    async def _close_window(self, name: str) -> None:
+        wid = await self.display.wait_window(name, self.app_timeout_s)
+        proc = await asyncio.create_subprocess_exec("xdotool", "windowclose", wid, env=self.display.env)
+        await proc.wait()
+
     async def _ready(self, window: str) -> None:
         await self.display.wait_window(window, self.app_timeout_s)
         await asyncio.sleep(self.ready_s)  # a mapped window is not yet a window that takes keys
 
     async def _execute(self, argv: list[str], params: dict[str, Any]) -> None:
+        if len(argv) == 2 and PurePosixPath(argv[0]).name in ("pkill", "killall"):
+            await self._pkill(argv[1])
+            return
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, env=self.display.env, cwd=str(self.home),
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )
         except OSError as exc:
             raise EnvError(f"setup command {argv[0]!r} cannot start: {exc}") from exc
         try:
-            _, err = await asyncio.wait_for(proc.communicate(), float(params.get("timeout", self.command_timeout_s)))
+            out, err = await asyncio.wait_for(proc.communicate(), float(params.get("timeout", self.command_timeout_s)))
         except TimeoutError as exc:
             proc.kill()
             await proc.wait()
             raise EnvError(f"setup command {argv[0]!r} timed out") from exc
+        if isinstance(params.get("stdout"), str):  # OSWorld keeps it for a cache_file getter
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            (self.cache_dir / PurePosixPath(params["stdout"]).name).write_bytes(out)
         if proc.returncode != 0 and params.get("check", True):
             raise EnvError(f"setup command {argv!r} failed (exit {proc.returncode}): {err.decode()[-300:]}")
 
@@ -191,3 +258,25 @@ def _str(params: Any, key: str, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where}: {key!r} must be a non-empty string, got {value!r}")
     return value
+
+
+@dataclass
+class Vlc:
+    """VLC with its HTTP interface on a free port (what ``vlc_playing_info`` reads)."""
+
+    port: int | None = None
+    password: str = "dart"
+
+    def argv(self, task_argv: list[str]) -> list[str]:
+        self.port = free_port()
+        return [task_argv[0], "--extraintf=http", "--http-host=127.0.0.1", f"--http-port={self.port}",
+                f"--http-password={self.password}", *task_argv[1:]]
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
