@@ -138,3 +138,60 @@ def test_settings_file_checks():
                                                                          "unexpect": ["baz"]}) == 1.0
     kb = FileContent("keybindings.json", b'// keys\n[{"key": "ctrl+j", "command": "x"}]')
     assert get_metric("check_json_keybindings")(kb, {"expected": {"key": "ctrl+j", "command": "x"}}) == 1.0
+
+
+def xlsx(values: list[list], *, bold_a1: bool = False, freeze: str | None = None, chart_title: str | None = None,
+         zoom: int | None = None, dv: str | None = None) -> FileContent:
+    import openpyxl
+    from openpyxl.chart import BarChart, Reference
+    from openpyxl.styles import Font
+    from openpyxl.worksheet.datavalidation import DataValidation
+
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    for row in values:
+        ws.append(row)
+    ws["A1"].font = Font(bold=bold_a1)
+    ws.freeze_panes = freeze
+    if zoom:
+        ws.sheet_view.zoomScale = zoom
+    if chart_title is not None:
+        chart = BarChart()
+        chart.title = chart_title
+        chart.add_data(Reference(ws, min_col=2, min_row=1, max_row=len(values)), titles_from_data=True)
+        ws.add_chart(chart, "D2")
+    if dv:
+        v = DataValidation(type="list", formula1=dv)
+        v.add("D2:D29")
+        ws.add_data_validation(v)
+    buf = io.BytesIO()
+    wb.save(buf)
+    return FileContent("/home/user/book.xlsx", buf.getvalue())
+
+
+def test_compare_table_rules_beyond_values():
+    m = get_metric("compare_table")
+    rows = [["name", "n"], ["a", 1], ["b", 2.0]]
+    gold = xlsx(rows, freeze="A2", chart_title="Sales")
+
+    def rule(**r):
+        return {"rules": [{"sheet_idx0": 0, "sheet_idx1": "EI0", **r}]}
+
+    assert m(xlsx([["Name", "n"], ["a", 1.0], ["b", 2]]), gold, **rule(type="sheet_print", ignore_case=True)) == 1.0
+    assert m(xlsx([["Name", "n"], ["a", 1.0], ["b", 3]]), gold, **rule(type="sheet_print", ignore_case=True)) == 0.0
+    assert m(xlsx(rows, freeze="A2"), gold, **rule(type="freeze")) == 1.0
+    assert m(xlsx(rows), gold, **rule(type="freeze")) == 0.0
+    assert m(xlsx(rows, chart_title="Sales"), gold, **rule(type="chart", chart_props=["type", "title"])) == 1.0
+    assert m(xlsx(rows, chart_title="Cost"), gold, **rule(type="chart", chart_props=["type", "title"])) == 0.0
+    fuzzy = rule(type="sheet_fuzzy", rules=[{"range": ["A1:A3"], "type": "fuzzy_match", "threshold": 80}])
+    assert m(xlsx([["names", "n"], ["a", 1], ["b", 2]]), gold, **fuzzy) == 1.0
+    bold = {"rules": [{"type": "check_cell", "sheet_idx": 0, "coordinate": "A1",
+                       "props": {"font_bold": {"method": "eq", "ref": True}}}]}
+    assert m(xlsx(rows, bold_a1=True), None, **bold) == 1.0
+    assert m(xlsx(rows), None, **bold) == 0.0
+    assert m(xlsx(rows, zoom=200), None, rules=[{"type": "zoom", "sheet_idx": 0, "method": "lt", "ref": 260}]) == 1.0
+    dv = {"rules": [{"type": "data_validation", "sheet_idx": 0, "dv_props": [
+        {"ranges": {"method": "spreadsheet_range", "ref": ["D2:D29"]}, "type": {"method": "eq", "ref": "list"},
+         "formula1": {"method": "str_set_eq", "ref": ["Pass", "Fail"]}}]}]}
+    assert m(xlsx(rows, dv='"Pass,Fail"'), None, **dv) == 1.0
+    assert m(xlsx(rows), None, **dv) == 0.0
