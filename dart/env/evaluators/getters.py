@@ -145,3 +145,13 @@ async def cache_file(env: EnvAccess, params: dict[str, Any], ctx: EvalContext) -
         target = Path(folder) / Path(path).name
         return FileContent(path, target.read_bytes()) if target.is_file() else None
     return await _cached(ctx, path, "cache_file")
+
+
+@register_getter("list_directory")
+async def list_directory(env: EnvAccess, params: dict[str, Any], ctx: EvalContext) -> list[str] | None:
+    """The names in a folder (None if it is not there)."""
+    path = params.get("path")
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"list_directory: path must be a folder path, got {path!r}")
+    res = await env.run_command(["ls", "-1A", path], timeout_s=COMMAND_TIMEOUT_S)
+    return res.stdout.splitlines() if res.returncode == 0 else None
