@@ -69,6 +69,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"OSWorld examples folder (default {DEFAULT_EXAMPLES})",
     )
     c.add_argument("--quiet", action="store_true", help="print only the summary")
+    c.add_argument("--live", action="store_true",
+                   help="xdesktop: run each runnable task's setup, then its evaluator before any action; "
+                        "every task must score 0")
+    c.add_argument("--sample", type=int, help="--live: check this many runnable tasks, picked at random")
+    c.add_argument("--seed", type=int, default=0, help="--live: seed of --sample")
+    c.add_argument("--task-timeout-s", type=float, default=180.0, help="--live: time limit of setup, and of scoring")
+    c.add_argument("--downloads", type=Path, help="--live: download cache folder (default $DART_DOWNLOADS or .dart/blobs)")
     c.set_defaults(func=_check)
 
     f = tsub.add_parser(
@@ -174,7 +181,7 @@ def backend_capabilities(backend: str):
     hook = getattr(mod, "register_evaluators", None) or getattr(mod, "register", None)
     if callable(hook):
         hook()
-    return capabilities(setup)
+    return capabilities(setup, getattr(setup_mod, "UNAVAILABLE_PROGRAMS", None))
 
 
 def _import(name: str) -> Any:
@@ -214,11 +221,39 @@ def _check(args: argparse.Namespace) -> int:
         if report.holdout_overlap and not args.quiet:
             for tid in report.holdout_overlap:
                 print(f"  {tid}")
+    if args.live:
+        return _live([t for t in tasks if t.id not in report.unsupported], args)
     if report.ok:
         print("pool OK")
         return 0
     print("REFUSED: " + " | ".join(report.problems(limit=3)), file=sys.stderr)
     return 1
+
+
+def _live(tasks: list[Any], args: argparse.Namespace) -> int:
+    """Setup + evaluator-before-acting on a real desktop for the runnable tasks; exit 0 if all score 0."""
+    import asyncio
+    import random
+
+    from dart.env.live_check import live_check
+    from dart.env.xdesktop import XDesktopBackend, XDesktopConfig
+
+    if args.backend != "xdesktop":
+        raise ConfigError("--live runs on the xdesktop backend; pass --backend xdesktop")
+    if args.sample is not None and args.sample < len(tasks):
+        tasks = sorted(random.Random(args.seed).sample(tasks, args.sample), key=lambda t: (t.domain, t.id))
+    cfg = XDesktopConfig(downloads=str(args.downloads or ""))
+    print(f"\nlive check of {len(tasks)} runnable tasks (setup, then the evaluator before any action):")
+
+    def show(r: Any) -> None:
+        score = "" if r.score is None else f" score={r.score:g}"
+        print(f"  {r.outcome:21s} {r.domain}/{r.task_id} {r.seconds:5.1f}s{score} {r.detail}", flush=True)
+
+    results = asyncio.run(live_check(tasks, lambda: XDesktopBackend(cfg, slot=0),
+                                     timeout_s=args.task_timeout_s, on_result=show))
+    counts = Counter(r.outcome for r in results)
+    print("live: " + ", ".join(f"{n} {k}" for k, n in counts.most_common()))
+    return 0 if all(r.ok for r in results) else 1
 
 
 def _fetch(args: argparse.Namespace) -> int:

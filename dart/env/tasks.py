@@ -292,6 +292,8 @@ class Capabilities:
     metrics: frozenset[str]
     option_checks: Mapping[str, OptionCheck] = field(default_factory=dict, compare=False, hash=False)
     """metric name -> fn(options) -> unsupported parts of those options (e.g. a compare_table rule)."""
+    unavailable_programs: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    """program a step starts -> why this backend cannot have it (e.g. VS Code: not in Debian)."""
 
 
 def unsupported_parts(task: Task, caps: Capabilities) -> list[str]:
@@ -302,6 +304,7 @@ def unsupported_parts(task: Task, caps: Capabilities) -> list[str]:
     ev = task.evaluator
     parts += [f"setup:{s.type}" for s in task.config if s.type not in caps.setup_types]
     parts += [f"postconfig:{s.type}" for s in ev.postconfig if s.type not in caps.setup_types]
+    parts += [f"app:{p}" for p in _programs((*task.config, *ev.postconfig)) if p in caps.unavailable_programs]
     for func, result, expected, options in zip(ev.funcs, ev.results, ev.expected, ev.options, strict=True):
         if func not in caps.metrics:
             parts.append(f"metric:{func}")
@@ -311,6 +314,18 @@ def unsupported_parts(task: Task, caps: Capabilities) -> list[str]:
             f"getter:{g.type}" for g in (result, expected) if g is not None and g.type not in caps.getters
         ]
     return list(dict.fromkeys(parts))
+
+
+def _programs(steps: Iterable[SetupStep]) -> Iterator[str]:
+    """The programs that launch / execute / command steps start (shell variable prefixes skipped)."""
+    for s in steps:
+        if s.type not in ("launch", "execute", "command"):
+            continue
+        cmd = s.parameters.get("command")
+        words = cmd.split() if isinstance(cmd, str) else [a for a in cmd or [] if isinstance(a, str)]
+        words = [w for w in words if "=" not in w or w.startswith("-")]
+        if words:
+            yield words[0].rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

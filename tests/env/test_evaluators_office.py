@@ -195,3 +195,26 @@ def test_compare_table_rules_beyond_values():
          "formula1": {"method": "str_set_eq", "ref": ["Pass", "Fail"]}}]}]}
     assert m(xlsx(rows, dv='"Pass,Fail"'), None, **dv) == 1.0
     assert m(xlsx(rows), None, **dv) == 0.0
+
+
+def test_single_task_writer_and_impress_checks():
+    import docx as python_docx
+    from docx.enum.text import WD_BREAK
+
+    d = python_docx.Document()
+    d.add_paragraph("Title").alignment = 1
+    d.add_paragraph("one").add_run().add_break(WD_BREAK.PAGE)
+    buf = io.BytesIO()
+    d.save(buf)
+    f = FileContent("d.docx", buf.getvalue())
+    assert get_metric("is_first_line_centered")(f) == 1.0
+    assert get_metric("is_first_line_centered")(docx(["Title"])) == 0.0
+    assert get_metric("contains_page_break")(f, {"page_break_count": 1}) == 1.0
+    assert get_metric("contains_page_break")(docx(["x"]), {"page_break_count": 1}) == 0.0
+    assert get_metric("check_slide_orientation_Portrait")(pptx(["a"])) == 0.0  # python-pptx decks are landscape
+    xcu = FileContent("registrymodifications.xcu", b'<?xml version="1.0"?><oor:items '
+                      b'xmlns:oor="http://openoffice.org/2001/registry"><item oor:path="/org.openoffice.Office.'
+                      b'Recovery/AutoSave"><prop oor:name="TimeIntervall" oor:op="fuse"><value>3</value></prop>'
+                      b"</item></oor:items>")
+    assert get_metric("check_auto_saving_time")(xcu, {"minutes": 3}) == 1.0
+    assert get_metric("check_auto_saving_time")(xcu, {"minutes": 10}) == 0.0

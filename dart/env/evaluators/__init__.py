@@ -18,6 +18,7 @@ from dart.env.evaluators import metrics_json as _metrics_json  # noqa: F401
 from dart.env.evaluators import metrics_media as _metrics_media  # noqa: F401
 from dart.env.evaluators import metrics_slides as _metrics_slides  # noqa: F401
 from dart.env.evaluators import metrics_table as _metrics_table  # noqa: F401
+from dart.env.evaluators import metrics_writer as _metrics_writer  # noqa: F401
 from dart.env.evaluators import relative_time as _relative_time  # noqa: F401
 from dart.env.evaluators.evaluate import clamp_score, combine, evaluate_task, fetch
 from dart.env.evaluators.files import FileContent, as_file

@@ -187,6 +187,7 @@ class XDesktopBackend(EnvBackend):
     def _wipe_home(self) -> None:
         shutil.rmtree(self.home, ignore_errors=True)
         self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / ".Xauthority").touch()  # python-xlib (pyautogui in task scripts) will not start without one
 
     def _check(self) -> None:
         if self._closed:

@@ -18,6 +18,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -30,6 +31,10 @@ from dart.errors import ConfigError, EnvError
 
 SETUP_TYPES = ("launch", "open", "execute", "command", "sleep", "download", "write_file", "activate_window",
                "chrome_open_tabs", "chrome_close_tabs", "close_window")
+UNAVAILABLE_PROGRAMS = {
+    "code": "VS Code is not packaged by Debian (only Microsoft's own repository has it)",
+}
+"""Programs OSWorld tasks start that a Debian machine cannot install: their tasks are refused."""
 OSWORLD_HOME = "/home/user"
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 """Local tasks (``*.json``) and the files they ship (``files/``)."""
@@ -141,7 +146,7 @@ class SetupRunner:
         where = f"setup step {step_type!r}"
         match step_type:
             case "launch":
-                await self._launch(expand_argv(command_of(params, where), self.home), params)
+                await self._launch(self._osworld_argv(expand_argv(command_of(params, where), self.home)), params)
             case "open":
                 path = resolve_path(_str(params, "path", where), self.home)
                 if not path.exists():
@@ -149,7 +154,7 @@ class SetupRunner:
                 self.display.launch(open_argv(path, self.profile))
                 await self._ready(re.escape(path.name))
             case "execute" | "command":
-                await self._execute(expand_argv(command_of(params, where), self.home), params)
+                await self._execute(self._osworld_argv(expand_argv(command_of(params, where), self.home)), params)
             case "sleep":
                 await asyncio.sleep(float(params.get("seconds", 1.0)))
             case "download":
@@ -170,13 +175,29 @@ class SetupRunner:
             case "close_window":
                 await self._close_window(_str(params, "window_name", where))
             case "activate_window":
-                wid = await self.display.wait_window(_str(params, "window_name", where), self.app_timeout_s)
+                wid = await self.display.wait_window(window_pattern(_str(params, "window_name", where)),
+                                                     self.app_timeout_s)
                 proc = await asyncio.create_subprocess_exec("xdotool", "windowactivate", "--sync", wid,
                                                             env=self.display.env)
                 await proc.wait()
             case _:
                 raise ConfigError(f"the xdesktop backend cannot run setup step {step_type!r} "
                                   f"(supported: {', '.join(SETUP_TYPES)})")
+
+    def _osworld_argv(self, argv: list[str]) -> list[str]:
+        """OSWorld's screen placeholders filled in; ``python`` is this interpreter, which has
+        pyautogui (the tasks' scripts press keys with it, on this slot's DISPLAY)."""
+        sizes = {"{SCREEN_WIDTH_HALF}": str(self.display.width // 2),
+                 "{SCREEN_HEIGHT_HALF}": str(self.display.height // 2),
+                 "{SCREEN_WIDTH}": str(self.display.width), "{SCREEN_HEIGHT}": str(self.display.height)}
+        out = []
+        for a in argv:
+            for k, v in sizes.items():
+                a = a.replace(k, v)
+            out.append(a)
+        if out and PurePosixPath(out[0]).name in ("python", "python3"):
+            out[0] = sys.executable
+        return out
 
     async def _launch(self, argv: list[str], params: dict[str, Any]) -> None:
         while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):
@@ -210,7 +231,7 @@ class SetupRunner:
             await self.chrome.close()
 
     async def _close_window(self, name: str) -> None:
-        wid = await self.display.wait_window(name, self.app_timeout_s)
+        wid = await self.display.wait_window(window_pattern(name), self.app_timeout_s)
         proc = await asyncio.create_subprocess_exec("xdotool", "windowclose", wid, env=self.display.env)
         await proc.wait()
 
@@ -271,6 +292,13 @@ class Vlc:
         self.port = free_port()
         return [task_argv[0], "--extraintf=http", "--http-host=127.0.0.1", f"--http-port={self.port}",
                 f"--http-password={self.password}", *task_argv[1:]]
+
+
+def window_pattern(name: str) -> str:
+    """The xdotool title pattern for an OSWorld window name: Debian's Chromium titles its
+    windows "... - Chromium" where Google's build says "Google Chrome"."""
+    pattern = re.escape(name)
+    return pattern.replace("Google\\ Chrome", "(Google\\ Chrome|Chromium)") if "Google Chrome" in name else pattern
 
 
 def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
