@@ -205,6 +205,9 @@ class SetupRunner:
         if not argv:
             raise ConfigError(f"launch: no command in {params!r}")
         name = PurePosixPath(argv[0]).name
+        if name in ("pkill", "killall") and len(argv) == 2:
+            await self._pkill(argv[1])  # OSWorld launches `pkill chrome` too
+            return
         if name == "socat":
             return  # OSWorld's forwarder to the DevTools port; this backend talks to the port itself
         if name in CHROME_NAMES:
