@@ -41,12 +41,13 @@ def _url(tab: Any) -> str | None:
 
 @register_metric("is_expected_tabs")
 def is_expected_tabs(result: Any, expected: Any = None, **options: Any) -> float:
-    """The open tabs are exactly ``rules.urls``, in order."""
+    """The open tabs are ``rules.urls`` (as many, each one open; order aside, as in OSWorld)."""
     rules = _rules(expected, "is_expected_tabs")
     if not isinstance(result, list):
         return 0.0
     got = [normalize_url(u) for u in map(_url, result) if u is not None]
-    return float(got == [normalize_url(u) for u in rules.get("urls", [])])
+    want = [normalize_url(u) for u in rules.get("urls", [])]
+    return float(len(got) == len(want) and all(w in got for w in want))
 
 
 @register_metric("is_expected_active_tab")

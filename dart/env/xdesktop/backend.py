@@ -30,6 +30,8 @@ from dart.errors import EnvError
 
 log = logging.getLogger(__name__)
 
+HOME_FOLDERS = ("Desktop", "Documents", "Downloads", "Music", "Pictures", "Videos")
+
 
 @dataclass(frozen=True, kw_only=True)
 class XDesktopConfig:
@@ -188,6 +190,8 @@ class XDesktopBackend(EnvBackend):
         shutil.rmtree(self.home, ignore_errors=True)
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / ".Xauthority").touch()  # python-xlib (pyautogui in task scripts) will not start without one
+        for folder in HOME_FOLDERS:  # what OSWorld's tasks expect of a user's home
+            (self.home / folder).mkdir()
 
     def _check(self) -> None:
         if self._closed:

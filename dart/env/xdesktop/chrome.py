@@ -153,15 +153,21 @@ class Chrome:
             else:
                 await self.open_tab(url)
 
-    async def close_tabs(self, urls: list[str], timeout_s: float = 5.0) -> None:
-        """Close the first tab showing each URL (trailing slashes aside) and wait until it is gone."""
+    async def close_tabs(self, urls: list[str], timeout_s: float = 10.0) -> None:
+        """Close the first tab showing each URL (trailing slashes aside) and wait until it is
+        gone. A tab opened just before may not show its URL yet: wait for it up to ``timeout_s``."""
+        loop = asyncio.get_running_loop()
         for url in urls:
-            page = next((p for p in await self.pages() if p.get("url", "").rstrip("/") == url.rstrip("/")), None)
-            if page is None:
-                continue
-            await self.close_tab(page["id"])
-            loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
+            page = None
+            while page is None and loop.time() < deadline:
+                pages = await self.pages()
+                page = next((p for p in pages if p.get("url", "").rstrip("/") == url.rstrip("/")), None)
+                if page is None:
+                    await asyncio.sleep(0.2)
+            if page is None:
+                raise EnvError(f"chrome_close_tabs: no tab shows {url} (open: {[p.get('url') for p in pages]})")
+            await self.close_tab(page["id"])
             while any(p["id"] == page["id"] for p in await self.pages()) and loop.time() < deadline:
                 await asyncio.sleep(0.1)
 

@@ -146,7 +146,7 @@ class SetupRunner:
         where = f"setup step {step_type!r}"
         match step_type:
             case "launch":
-                await self._launch(self._osworld_argv(expand_argv(command_of(params, where), self.home)), params)
+                await self._launch(self._osworld_argv(self._command(params, where)), params)
             case "open":
                 path = resolve_path(_str(params, "path", where), self.home)
                 if not path.exists():
@@ -154,7 +154,7 @@ class SetupRunner:
                 self.display.launch(open_argv(path, self.profile))
                 await self._ready(re.escape(path.name))
             case "execute" | "command":
-                await self._execute(self._osworld_argv(expand_argv(command_of(params, where), self.home)), params)
+                await self._execute(self._osworld_argv(self._command(params, where)), params)
             case "sleep":
                 await asyncio.sleep(float(params.get("seconds", 1.0)))
             case "download":
@@ -183,6 +183,18 @@ class SetupRunner:
             case _:
                 raise ConfigError(f"the xdesktop backend cannot run setup step {step_type!r} "
                                   f"(supported: {', '.join(SETUP_TYPES)})")
+
+    def _command(self, params: dict[str, Any], where: str) -> list[str]:
+        """A step's argv; a string with OSWorld's ``"shell": true`` runs in bash (task files are
+        configuration, never model text), without the VM's ``echo PASSWORD | sudo -S`` prefix:
+        the slot's programs run as this machine's user."""
+        raw = params.get("command")
+        if isinstance(raw, str) and str(params.get("shell", "")).lower() in ("true", "1"):
+            raw = re.sub(r"echo \{CLIENT_PASSWORD\} \| sudo -S ", "", raw).replace(OSWORLD_HOME, str(self.home))
+            if any(c in raw for c in "|;&<>$`(~\n"):  # a real shell line; plain ones stay argv (vlc, chrome)
+                return ["/bin/bash", "-c", raw]
+            params = {**params, "command": raw}
+        return expand_argv(command_of(params, where), self.home)
 
     def _osworld_argv(self, argv: list[str]) -> list[str]:
         """OSWorld's screen placeholders filled in; ``python`` is this interpreter, which has
@@ -217,6 +229,7 @@ class SetupRunner:
         self._apps.append((name, self.display.launch(office_argv(argv, self.profile))))
         if name in CHROME_NAMES:
             await self.chrome.wait_ready(self.app_timeout_s)
+            await self._ready(window_pattern("Google Chrome"))
         if isinstance(params.get("window"), str):
             await self._ready(params["window"])
 
