@@ -304,7 +304,7 @@ def unsupported_parts(task: Task, caps: Capabilities) -> list[str]:
     ev = task.evaluator
     parts += [f"setup:{s.type}" for s in task.config if s.type not in caps.setup_types]
     parts += [f"postconfig:{s.type}" for s in ev.postconfig if s.type not in caps.setup_types]
-    parts += [f"app:{p}" for p in _programs((*task.config, *ev.postconfig)) if p in caps.unavailable_programs]
+    parts += [f"app:{p}" for p in dict.fromkeys(_programs(task)) if p in caps.unavailable_programs]
     for func, result, expected, options in zip(ev.funcs, ev.results, ev.expected, ev.options, strict=True):
         if func not in caps.metrics:
             parts.append(f"metric:{func}")
@@ -316,16 +316,18 @@ def unsupported_parts(task: Task, caps: Capabilities) -> list[str]:
     return list(dict.fromkeys(parts))
 
 
-def _programs(steps: Iterable[SetupStep]) -> Iterator[str]:
-    """The programs that launch / execute / command steps start (shell variable prefixes skipped)."""
-    for s in steps:
-        if s.type not in ("launch", "execute", "command"):
-            continue
-        cmd = s.parameters.get("command")
-        words = cmd.split() if isinstance(cmd, str) else [a for a in cmd or [] if isinstance(a, str)]
-        words = [w for w in words if "=" not in w or w.startswith("-")]
-        if words:
-            yield words[0].rsplit("/", 1)[-1]
+def _programs(task: Task) -> Iterator[str]:
+    """Every word of the commands a task's steps and command getters run, as program names
+    (a shell line's words too: ``a | b && c`` starts three programs)."""
+    ev = task.evaluator
+    commands = [s.parameters.get("command") for s in (*task.config, *ev.postconfig)
+                if s.type in ("launch", "execute", "command")]
+    commands += [g.params.get("command") for g in (*ev.results, *ev.expected)
+                 if g is not None and g.type in ("vm_command_line", "vm_command_error")]
+    for cmd in commands:
+        words = cmd.split() if isinstance(cmd, str) else [w for a in cmd or [] if isinstance(a, str) for w in a.split()]
+        for w in words:
+            yield w.strip("'\"();").rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -72,3 +72,45 @@ def test_zip_archives_compare_by_members():
     assert get_metric("compare_zip_files")(z({"d/a.txt": b"1"}), gold) == 0.0
     assert get_metric("compare_archive")(z({"x/a.txt": b"1", "x/b.txt": b"2"}), z({"a.txt": b"1", "b.txt": b"2"}),
                                          file_path="x") == 1.0
+
+
+def test_single_task_picture_checks():
+    canvas = Image.new("RGB", (100, 80), "white")
+    from PIL import ImageDraw
+
+    ImageDraw.Draw(canvas).polygon([(40, 30), (60, 30), (50, 50)], fill="black")
+    assert get_metric("check_triangle_position")(png(canvas)) == 1.0
+    off = Image.new("RGB", (100, 80), "white")
+    ImageDraw.Draw(off).rectangle([5, 5, 20, 20], fill="black")
+    assert get_metric("check_triangle_position")(png(off)) == 0.0
+    assert get_metric("check_textbox_on_leftside")(png(off)) == 1.0
+    assert get_metric("check_textbox_on_leftside")(png(canvas)) == 0.0
+    green = canvas.copy()
+    px = np.asarray(green).copy()
+    px[(px == 255).all(axis=2)] = (0, 200, 0)
+    assert get_metric("check_green_background")(png(Image.fromarray(px)), png(canvas)) == 1.0
+    assert get_metric("check_green_background")(png(canvas), png(canvas)) == 0.0
+    assert get_metric("compare_image_list")([png(canvas), png(off)], [png(canvas), png(off)]) == 1.0
+    assert get_metric("compare_image_list")([png(off), png(canvas)], [png(canvas), png(off)]) == 0.0
+
+
+def test_python_test_suite_runs_on_the_result_files():
+    code = FileContent("/home/user/Desktop/snake/food.py", b"def size():\n    return 3\n")
+    suite = FileContent("test.py", b"import food\ndef test():\n    return food.size() == 3\n")
+    assert get_metric("check_python_file_by_test_suite")([code], suite) == 1.0
+    wrong = FileContent("/home/user/Desktop/snake/food.py", b"def size():\n    return 4\n")
+    assert get_metric("check_python_file_by_test_suite")([wrong], suite) == 0.0
+
+
+def test_mp3_tags_are_read_with_mutagen(tmp_path):
+    import mutagen.id3
+
+    path = tmp_path / "a.mp3"
+    tags = mutagen.id3.ID3()
+    tags.add(mutagen.id3.TIT2(encoding=3, text="Missing You"))
+    tags.add(mutagen.id3.TPE1(encoding=3, text="Cheng Xiang"))
+    tags.save(path)
+    f = FileContent(str(path), path.read_bytes())
+    rules = {"title": {"method": "eq", "ref": "Missing You"}, "artist": {"method": "eq", "ref": "Cheng Xiang"}}
+    assert get_metric("check_mp3_meta")(f, rules) == 1.0
+    assert get_metric("check_mp3_meta")(f, {"title": {"method": "eq", "ref": "Other"}}) == 0.0

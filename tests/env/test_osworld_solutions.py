@@ -34,8 +34,8 @@ def vlcrc(line: str) -> list[Action]:
 
 SOLUTIONS: dict[str, list[Action]] = {
     # Chrome, through its own keys
-    "chrome/06fe7178-4491-4589-810f-2e2bc9502122": [Hotkey(keys=("ctrl", "shift", "t")), Wait()],
-    "chrome/12086550-11c0-466b-b367-1d9e75b3910e": [Wait(), Hotkey(keys=("ctrl", "l")),
+    "chrome/06fe7178-4491-4589-810f-2e2bc9502122": [Wait(), Hotkey(keys=("ctrl", "shift", "t")), Wait(), Wait()],
+    "chrome/12086550-11c0-466b-b367-1d9e75b3910e": [Wait(), Hotkey(keys=("ctrl", "l")), Wait(),
                                                    Type(content="chrome://password-manager/passwords\n"), Wait()],
     # VLC's settings file, through a terminal
     "vlc/215dfd39-f493-4bc3-a027-8a97d72c61bf": vlcrc("qt-bgcone=0"),

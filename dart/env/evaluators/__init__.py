@@ -14,6 +14,7 @@ from dart.env.evaluators import metrics_basic as _metrics_basic  # noqa: F401
 from dart.env.evaluators import metrics_checks as _metrics_checks  # noqa: F401
 from dart.env.evaluators import metrics_chrome as _metrics_chrome  # noqa: F401
 from dart.env.evaluators import metrics_docs as _metrics_docs  # noqa: F401
+from dart.env.evaluators import metrics_extra as _metrics_extra  # noqa: F401
 from dart.env.evaluators import metrics_json as _metrics_json  # noqa: F401
 from dart.env.evaluators import metrics_media as _metrics_media  # noqa: F401
 from dart.env.evaluators import metrics_slides as _metrics_slides  # noqa: F401

@@ -155,3 +155,32 @@ async def list_directory(env: EnvAccess, params: dict[str, Any], ctx: EvalContex
         raise ConfigError(f"list_directory: path must be a folder path, got {path!r}")
     res = await env.run_command(["ls", "-1A", path], timeout_s=COMMAND_TIMEOUT_S)
     return res.stdout.splitlines() if res.returncode == 0 else None
+
+
+@register_getter("vm_screen_size")
+async def vm_screen_size(env: EnvAccess, params: dict[str, Any], ctx: EvalContext) -> dict[str, int] | None:
+    """The screen's {"width", "height"} in pixels (xdotool)."""
+    res = await env.run_command(["xdotool", "getdisplaygeometry"], timeout_s=COMMAND_TIMEOUT_S)
+    parts = res.stdout.split()
+    return {"width": int(parts[0]), "height": int(parts[1])} if res.returncode == 0 and len(parts) == 2 else None
+
+
+@register_getter("vm_window_size")
+async def vm_window_size(env: EnvAccess, params: dict[str, Any], ctx: EvalContext) -> dict[str, int] | None:
+    """The {"width", "height"} of the first visible window of class ``app_class_name`` (None if none)."""
+    cls = params.get("app_class_name")
+    if not isinstance(cls, str) or not cls:
+        raise ConfigError(f"vm_window_size: app_class_name must be a window class, got {cls!r}")
+    res = await env.run_command(["xdotool", "search", "--onlyvisible", "--class", cls, "getwindowgeometry", "--shell"],
+                                timeout_s=COMMAND_TIMEOUT_S)
+    values = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+    if "WIDTH" not in values or "HEIGHT" not in values:
+        return None
+    return {"width": int(values["WIDTH"]), "height": int(values["HEIGHT"])}
+
+
+@register_getter("default_video_player")
+async def default_video_player(env: EnvAccess, params: dict[str, Any], ctx: EvalContext) -> str:
+    """The desktop file that opens .mp4 videos (xdg-mime)."""
+    res = await env.run_command(["xdg-mime", "query", "default", "video/mp4"], timeout_s=COMMAND_TIMEOUT_S)
+    return res.stdout.strip()

@@ -248,3 +248,52 @@ def find_default_font(result: Any, expected: Any = None, **options: Any) -> floa
     """Writer's default font is ``rules.font_name``."""
     want = _rules(expected, "find_default_font").get("font_name")
     return float(_xcu(result, "Writer/DefaultFont", "Standard") == want)
+
+
+def _odt_highlighted_text(value: Any) -> tuple[str, bool] | None:
+    """(the document's text, whether any span has a background colour) of an .odt file."""
+    import io
+
+    from odf import teletype, text
+    from odf.opendocument import load
+    from odf.style import Style, TextProperties
+
+    from dart.env.evaluators.files import as_file
+
+    f = as_file(value)
+    if f is None:
+        return None
+    try:
+        doc = load(io.BytesIO(f.data))
+    except Exception:  # odfpy raises zipfile and xml errors alike
+        return None
+    marked = set()
+    for st in doc.automaticstyles.getElementsByType(Style):
+        for tp in st.getElementsByType(TextProperties):
+            bg = tp.getAttribute("backgroundcolor")
+            if bg and bg.lower() not in ("transparent", "#ffffff"):
+                marked.add(st.getAttribute("name"))
+    spans = doc.getElementsByType(text.Span)
+    highlighted = any(s.getAttribute("stylename") in marked and teletype.extractText(s).strip() for s in spans)
+    body = " ".join(teletype.extractText(p) for p in doc.getElementsByType(text.P))
+    return " ".join(body.split()), highlighted
+
+
+@register_metric("check_highlighted_words")
+def check_highlighted_words(result: Any, expected: Any = None, **options: Any) -> float:
+    """No word is highlighted any more, and the text is the gold document's."""
+    got, want = _odt_highlighted_text(result), _odt_highlighted_text(need_expected(expected, "check_highlighted_words"))
+    return float(got is not None and want is not None and not got[1] and got[0] == want[0])
+
+
+@register_metric("compare_unique_train_records")
+def compare_unique_train_records(result: Any, expected: Any = None, **options: Any) -> float:
+    """The result lists each record (non-empty paragraph) once, and the same records as the gold
+    (``expected``: the gold document, or [gold, original])."""
+    gold = expected[0] if isinstance(expected, list) else expected
+    got, want = paragraphs(result), paragraphs(gold, expected=True)
+    if got is None or want is None:
+        return 0.0
+    got = [p.strip() for p in got if p.strip()]
+    want = [p.strip() for p in want if p.strip()]
+    return float(len(got) == len(set(got)) and set(got) == set(want))

@@ -171,6 +171,28 @@ class Chrome:
             while any(p["id"] == page["id"] for p in await self.pages()) and loop.time() < deadline:
                 await asyncio.sleep(0.1)
 
+    async def add_history(self, entries: list[dict[str, Any]], timeout_s: float = 90.0) -> None:
+        """OSWorld's ``update_browse_history``: visits (``url``, ``title``,
+        ``visit_time_from_now_in_seconds`` ago) in the profile's History, before the browser
+        starts. A headless run creates the profile first, so the database has Chromium's own
+        schema (a hand-made one would be thrown away by the browser)."""
+        if self.port is not None:
+            raise EnvError("update_browse_history must run before Chrome starts (the browser locks History)")
+        db = self.profile / "Default" / "History"
+        if not db.exists():
+            proc = await asyncio.create_subprocess_exec(
+                chromium_binary(), "--headless", f"--user-data-dir={self.profile}", *self.extra_args,
+                "--dump-dom", "about:blank", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError as exc:
+                proc.kill()
+                await proc.wait()
+                raise EnvError(f"headless Chromium did not create a profile within {timeout_s} s") from exc
+        if not db.exists():
+            raise EnvError(f"headless Chromium left no History database in {self.profile}")
+        await asyncio.to_thread(_insert_visits, db, entries)
+
     def read_json(self, relative: str) -> Any:
         """A JSON file of the profile (``Default/Preferences``, ``Local State``, ...); {} if absent."""
         try:
@@ -185,3 +207,26 @@ class Chrome:
             await self._session.close()
             self._session = None
         self.port = None
+
+
+WEBKIT_EPOCH_OFFSET_S = 11_644_473_600
+"""Seconds from 1601-01-01 (Chromium's time origin, in microseconds) to the Unix epoch."""
+
+
+def _insert_visits(db: Path, entries: list[dict[str, Any]]) -> None:
+    import sqlite3
+    import time
+
+    now_us = int((time.time() + WEBKIT_EPOCH_OFFSET_S) * 1_000_000)
+    conn = sqlite3.connect(db)
+    try:
+        with conn:
+            for e in entries:
+                when = now_us - int(float(e.get("visit_time_from_now_in_seconds", 0)) * 1_000_000)
+                cur = conn.execute(
+                    "INSERT INTO urls (url, title, visit_count, typed_count, last_visit_time, hidden) "
+                    "VALUES (?, ?, 1, 0, ?, 0)", (e["url"], e.get("title", ""), when))
+                conn.execute("INSERT INTO visits (url, visit_time, transition) VALUES (?, ?, 805306368)",
+                             (cur.lastrowid, when))  # PAGE_TRANSITION_LINK | CHAIN_START | CHAIN_END
+    finally:
+        conn.close()

@@ -114,8 +114,12 @@ def html_fields(params: dict[str, Any], dom: dict[str, Any], url: str) -> dict[s
 
     for cls, key in (params.get("class_singleObject") or {}).items():
         out[key] = els(cls)[0]["text"] if els(cls) else ""
+    search = dict(params.get("class_multiObject_search_exist") or {})
     for cls, keys in (params.get("class_multiObject") or {}).items():
-        out.update({k: _pick([e["text"] for e in els(cls)], i) for i, k in keys.items()})
+        if isinstance(keys, list):  # "class&url": which of these texts the elements show
+            search[cls] = [*keys, "is_other_exist"]
+        else:
+            out.update({k: _pick([e["text"] for e in els(cls)], i) for i, k in keys.items()})
     for cls, keys in (params.get("class_multiObject_child") or {}).items():
         out.update({k: _pick(els(cls)[0]["children"] if els(cls) else [], i) for i, k in keys.items()})
     for cls, keys in (params.get("class_multiObject_only_child") or {}).items():
@@ -123,7 +127,7 @@ def html_fields(params: dict[str, Any], dom: dict[str, Any], url: str) -> dict[s
         out.update({k: _pick(firsts, i) for i, k in keys.items()})
     for cls, keys in (params.get("class_multiObject_li") or {}).items():
         out.update({k: _pick(els(cls)[0]["li"] if els(cls) else [], i) for i, k in keys.items()})
-    for cls, wanted in (params.get("class_multiObject_search_exist") or {}).items():
+    for cls, wanted in search.items():
         texts = [e["text"] for e in els(cls)]
         out.update({w: w in texts for w in wanted if w != "is_other_exist"})
         if "is_other_exist" in wanted:

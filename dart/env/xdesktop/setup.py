@@ -30,11 +30,19 @@ from dart.env.xdesktop.display import XDisplay
 from dart.errors import ConfigError, EnvError
 
 SETUP_TYPES = ("launch", "open", "execute", "command", "sleep", "download", "write_file", "activate_window",
-               "chrome_open_tabs", "chrome_close_tabs", "close_window")
+               "chrome_open_tabs", "chrome_close_tabs", "close_window", "update_browse_history")
+STAND_INS = {"nautilus": "pcmanfm", "gnome-terminal": "xterm"}
+"""GNOME apps OSWorld's setup opens only to show the agent a folder or a shell, and the Debian
+programs that stand in for them on a bare X desktop (the evaluators read files, not these apps)."""
+_GNOME_TERMINAL = re.compile(r"gnome-terminal(?: --maximize)?(?: --working-directory=(\S+))?")
 UNAVAILABLE_PROGRAMS = {
     "code": "VS Code is not packaged by Debian (only Microsoft's own repository has it)",
+    "gsettings": "GNOME settings need a GNOME session (dconf); without one nothing persists",
+    "timedatectl": "the machine's clock is not the slot's to change (and needs systemd)",
+    "apt": "would install packages on the host: slots share this machine",
+    "apt-get": "would install packages on the host: slots share this machine",
 }
-"""Programs OSWorld tasks start that a Debian machine cannot install: their tasks are refused."""
+"""Programs OSWorld tasks run that an X desktop slot cannot offer: their tasks are refused."""
 OSWORLD_HOME = "/home/user"
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 """Local tasks (``*.json``) and the files they ship (``files/``)."""
@@ -166,6 +174,8 @@ class SetupRunner:
                 data = json.dumps(content) if not isinstance(content, str) else content
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(data, encoding="utf-8")
+            case "update_browse_history":
+                await self.chrome.add_history(list(params.get("history", [])))
             case "chrome_open_tabs":
                 await self.chrome.wait_ready(self.app_timeout_s)
                 await self.chrome.open_tabs(list(params.get("urls_to_open", [])))
@@ -220,6 +230,8 @@ class SetupRunner:
         if name in ("pkill", "killall") and len(argv) == 2:
             await self._pkill(argv[1])  # OSWorld launches `pkill chrome` too
             return
+        if name in STAND_INS:
+            argv = [STAND_INS[name], *argv[1:]]
         if name == "socat":
             return  # OSWorld's forwarder to the DevTools port; this backend talks to the port itself
         if name in CHROME_NAMES:
@@ -236,7 +248,8 @@ class SetupRunner:
     async def _pkill(self, pattern: str) -> None:
         """OSWorld's ``pkill chrome`` / ``pkill vlc``: stop this slot's matching apps only (a real
         pkill would reach every slot on the machine)."""
-        alias = {"chrome": ("google-chrome", "chromium"), "soffice": ("libreoffice",)}
+        alias = {"chrome": ("google-chrome", "chromium"), "soffice": ("libreoffice",),
+                 "gnome-terminal-server": ("gnome-terminal",)}
         names = (pattern, *alias.get(pattern, ()))
         for name, proc in self._apps:
             if any(n in name for n in names) and proc.poll() is None:
@@ -256,6 +269,16 @@ class SetupRunner:
         await asyncio.sleep(self.ready_s)  # a mapped window is not yet a window that takes keys
 
     async def _execute(self, argv: list[str], params: dict[str, Any]) -> None:
+        if argv[:2] == ["/bin/bash", "-c"] and len(argv) == 3:
+            script = argv[2]
+            if m := re.fullmatch(r"\s*(?:pkill|killall) ([\w.-]+)\s*", script):
+                argv = ["pkill", m.group(1)]
+            elif m := _GNOME_TERMINAL.search(script):  # a terminal window: an app, not a command to wait for
+                cwd = m.group(1) or str(self.home)
+                self._apps.append(("gnome-terminal", self.display.launch(
+                    ["/bin/bash", "-c", f"cd {shlex.quote(cwd)} && exec xterm -maximized"])))
+                await self._ready("xterm|" + re.escape(PurePosixPath(cwd).name or "/"))
+                return
         if len(argv) == 2 and PurePosixPath(argv[0]).name in ("pkill", "killall"):
             await self._pkill(argv[1])
             return
