@@ -87,7 +87,7 @@ class XDisplay:
         log.debug("X display %s (%dx%d) for %s", self.display, self.width, self.height, self.home)
 
     def _wm_args(self) -> list[str]:
-        """openbox: Ctrl+Alt+T opens a terminal, as on OSWorld's Ubuntu desktop."""
+        """openbox: Ctrl+Alt+T opens a terminal and Alt+Tab switches windows, as on OSWorld's Ubuntu desktop."""
         if Path(self.wm).name != "openbox" or shutil.which("xterm") is None:
             return []
         rc = self.home.parent / "openbox-rc.xml"
@@ -173,6 +173,7 @@ _OPENBOX_RC = """<?xml version="1.0" encoding="UTF-8"?>
 <openbox_config xmlns="http://openbox.org/3.4/rc">
   <keyboard>
     <keybind key="C-A-t"><action name="Execute"><command>xterm -fa Monospace -fs 12</command></action></keybind>
+    <keybind key="A-Tab"><action name="NextWindow"><finalactions><action name="Focus"/><action name="Raise"/></finalactions></action></keybind>
   </keyboard>
 </openbox_config>
 """

@@ -34,6 +34,16 @@ PLANS: dict[str, tuple[Action, ...]] = {
         _keys("ctrl", "home"), _keys("ctrl", "down"), _keys("down"), Type(content="=SUM(A2:A4)\n"), *_SAVE_XLSX,
     ),
     "xdesktop-calc-ods-header": (_keys("ctrl", "home"), Type(content="Region\n"), _keys("ctrl", "s"), Wait()),
+    "xdesktop-writer-minutes-title": (_keys("ctrl", "home"), Type(content="Minutes of 3 May\n"), _keys("ctrl", "s"),
+                                      Wait()),
+    # Impress: Tab selects the title box, Enter edits its text.
+    "xdesktop-impress-retitle": (Wait(), _keys("tab"), _keys("enter"), _keys("ctrl", "a"),
+                                 Type(content="Quarterly review"), _keys("escape"), _keys("ctrl", "s"), Wait()),
+    # Browser -> clipboard -> spreadsheet: Calc takes the text unformatted (Ctrl+Alt+Shift+V).
+    "xdesktop-chrome-to-calc-invoice": (
+        Wait(), _keys("ctrl", "a"), _keys("ctrl", "c"), _keys("alt", "tab"), Wait(), _keys("ctrl", "home"),
+        _keys("right"), _keys("down"), _keys("ctrl", "alt", "shift", "v"), Wait(), _keys("enter"), *_SAVE_XLSX,
+    ),
 }
 
 

@@ -48,6 +48,7 @@ TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 """Local tasks (``*.json``) and the files they ship (``files/``)."""
 
 _CALC = (".xlsx", ".xls", ".ods", ".csv")
+_IMPRESS = (".pptx", ".ppt", ".odp")
 _WRITER = (".docx", ".doc", ".odt", ".rtf")
 _OFFICE = ("soffice", "libreoffice", "localc", "lowriter")
 
@@ -116,6 +117,8 @@ def open_argv(path: Path, profile: Path) -> list[str]:
         return office_argv(["soffice", "--calc", str(path)], profile)
     if suffix in _WRITER:
         return office_argv(["soffice", "--writer", str(path)], profile)
+    if suffix in _IMPRESS:
+        return office_argv(["soffice", "--impress", str(path)], profile)
     return ["mousepad", str(path)]
 
 
@@ -178,7 +181,10 @@ class SetupRunner:
                 await self.chrome.add_history(list(params.get("history", [])))
             case "chrome_open_tabs":
                 await self.chrome.wait_ready(self.app_timeout_s)
-                await self.chrome.open_tabs(list(params.get("urls_to_open", [])))
+                home_url = "file://" + OSWORLD_HOME + "/"
+                urls = [f"file://{self.home}/{u[len(home_url):]}" if u.startswith(home_url) else u
+                        for u in params.get("urls_to_open", [])]
+                await self.chrome.open_tabs(urls)
             case "chrome_close_tabs":
                 await self.chrome.wait_ready(self.app_timeout_s)
                 await self.chrome.close_tabs(list(params.get("urls_to_close", [])))
