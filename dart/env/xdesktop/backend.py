@@ -31,6 +31,9 @@ from dart.errors import EnvError
 log = logging.getLogger(__name__)
 
 HOME_FOLDERS = ("Desktop", "Documents", "Downloads", "Music", "Pictures", "Videos")
+MIME_DEFAULTS = "[Default Applications]\nvideo/mp4=org.gnome.Totem.desktop\n"
+"""OSWorld's Ubuntu opens videos with Totem: a task that asks for VLC starts from there."""
+TOTEM_ENTRY = "[Desktop Entry]\nType=Application\nName=Videos\nExec=false %U\nMimeType=video/mp4;\nNoDisplay=true\n"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,7 +133,7 @@ class XDesktopBackend(EnvBackend):
         task = _as_task(task)
         self._check()
         for step in task.evaluator.postconfig:
-            await self.setup.run(step.type, step.parameters)
+            await self.setup.run(step.type, step.parameters, postconfig=True)
         return await evaluate_task(task, self, final_action=final_action,
                                    extras={"downloads": self.setup.downloads, "chrome": self.setup.chrome, "vlc": self.setup.vlc,
                                            "cache_dir": self.setup.cache_dir})
@@ -192,6 +195,14 @@ class XDesktopBackend(EnvBackend):
         (self.home / ".Xauthority").touch()  # python-xlib (pyautogui in task scripts) will not start without one
         for folder in HOME_FOLDERS:  # what OSWorld's tasks expect of a user's home
             (self.home / folder).mkdir()
+        # Ubuntu's default video player, not this machine's: a stand-in entry (xdg-mime only names
+        # a default whose desktop file exists) that a task's agent replaces by choosing VLC.
+        apps = self.home / ".config" / "mimeapps.list"
+        apps.parent.mkdir(parents=True, exist_ok=True)
+        apps.write_text(MIME_DEFAULTS, encoding="utf-8")
+        entry = self.home / ".local" / "share" / "applications" / "org.gnome.Totem.desktop"
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.write_text(TOTEM_ENTRY, encoding="utf-8")
 
     def _check(self) -> None:
         if self._closed:

@@ -114,10 +114,10 @@ def html_fields(params: dict[str, Any], dom: dict[str, Any], url: str) -> dict[s
 
     for cls, key in (params.get("class_singleObject") or {}).items():
         out[key] = els(cls)[0]["text"] if els(cls) else ""
-    search = dict(params.get("class_multiObject_search_exist") or {})
+    search = {cls: (list(w), "text") for cls, w in (params.get("class_multiObject_search_exist") or {}).items()}
     for cls, keys in (params.get("class_multiObject") or {}).items():
         if isinstance(keys, list):  # "class&url": which of these texts the elements show
-            search[cls] = [*keys, "is_other_exist"]
+            search[cls] = ([*keys, "is_other_exist"], "text")
         else:
             out.update({k: _pick([e["text"] for e in els(cls)], i) for i, k in keys.items()})
     for cls, keys in (params.get("class_multiObject_child") or {}).items():
@@ -126,9 +126,12 @@ def html_fields(params: dict[str, Any], dom: dict[str, Any], url: str) -> dict[s
         firsts = [e["children"][0] if e["children"] else e["text"] for e in els(cls)]
         out.update({k: _pick(firsts, i) for i, k in keys.items()})
     for cls, keys in (params.get("class_multiObject_li") or {}).items():
-        out.update({k: _pick(els(cls)[0]["li"] if els(cls) else [], i) for i, k in keys.items()})
-    for cls, wanted in search.items():
-        texts = [e["text"] for e in els(cls)]
+        if isinstance(keys, list):  # which of these texts the class's list items show
+            search[cls] = (list(keys), "li")
+        else:
+            out.update({k: _pick(els(cls)[0]["li"] if els(cls) else [], i) for i, k in keys.items()})
+    for cls, (wanted, where) in search.items():
+        texts = [t for e in els(cls) for t in e["li"]] if where == "li" else [e["text"] for e in els(cls)]
         out.update({w: w in texts for w in wanted if w != "is_other_exist"})
         if "is_other_exist" in wanted:
             out["is_other_exist"] = any(t not in wanted for t in texts)
