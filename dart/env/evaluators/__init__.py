@@ -1,10 +1,14 @@
 """Evaluators: OSWorld-style metrics and getters in open registries, and the task scorer.
 
-Importing this package registers the built-ins (getters ``vm_file``, ``vm_command_line``,
-``vm_command_error``, ``rule``; metrics ``infeasible``, ``exact_match``,
-``check_include_exclude``, ``compare_text_file``, ``compare_csv``, ``compare_table``,
-``check_json``, ``check_json_settings``, ``is_extension_installed``, ``file_contains``).
-Backends add their own with :func:`register_metric` / :func:`register_getter`.
+Importing this package registers the built-ins: getters that read the environment through
+``EnvAccess`` (``vm_file``, ``vm_command_line``, ``vm_command_error``, ``list_directory``,
+screen/window sizes, the default video player), the task's own values (``rule``,
+``rule_relativeTime``) and the download cache (``cloud_file``, ``cache_file``); metrics for
+text and rules (metrics_basic, metrics_checks, metrics_json), spreadsheets (metrics_table with
+table_rules), documents and PDFs (metrics_docs, metrics_writer), decks (metrics_slides),
+browsers (metrics_chrome), pictures, VLC and archives (metrics_media, metrics_extra).
+Backends add their own with :func:`register_metric` / :func:`register_getter` (the xdesktop
+backend: browser and app getters).
 """
 
 from __future__ import annotations
