@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -29,8 +30,12 @@ from dart.env.xdesktop.chrome import CHROME_NAMES, Chrome, free_port
 from dart.env.xdesktop.display import XDisplay
 from dart.errors import ConfigError, EnvError
 
+log = logging.getLogger(__name__)
+
 SETUP_TYPES = ("launch", "open", "execute", "command", "sleep", "download", "write_file", "activate_window",
                "chrome_open_tabs", "chrome_close_tabs", "close_window", "update_browse_history")
+POSTCONFIG_WINDOW_WAIT_S = 10.0
+"""How long an evaluator's activate_window / close_window waits for the agent's window."""
 STAND_INS = {"nautilus": "pcmanfm", "gnome-terminal": "xterm"}
 """GNOME apps OSWorld's setup opens only to show the agent a folder or a shell, and the Debian
 programs that stand in for them on a bare X desktop (the evaluators read files, not these apps)."""
@@ -160,6 +165,14 @@ class SetupRunner:
         where = f"setup step {step_type!r}"
         if postconfig:
             params = {"check": False, **params}
+            if step_type in ("activate_window", "close_window"):
+                # The window is the agent's (a document it should have saved): when it is not
+                # there, there is nothing to focus, and the getters find what they find.
+                try:
+                    await asyncio.wait_for(self.run(step_type, params), POSTCONFIG_WINDOW_WAIT_S)
+                except (EnvError, TimeoutError) as exc:
+                    log.info("postconfig %s: %s", step_type, exc)
+                return
         match step_type:
             case "launch":
                 await self._launch(self._osworld_argv(self._command(params, where)), params)
