@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DART := $(VENV)/bin/dart
 APT_PACKAGES := xvfb xdotool x11-utils openbox mousepad libreoffice-calc imagemagick \
+                libreoffice-writer libreoffice-impress chromium vlc gimp thunderbird xterm pcmanfm \
                 libvirt-dev libvirt-clients libvirt-daemon pkg-config docker-compose \
                 qemu-system-x86 qemu-utils busybox-static linux-image-cloud-amd64
 STAMP := $(VENV)/.installed

@@ -69,7 +69,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"OSWorld examples folder (default {DEFAULT_EXAMPLES})",
     )
     c.add_argument("--quiet", action="store_true", help="print only the summary")
+    c.add_argument("--live", action="store_true",
+                   help="xdesktop: run each runnable task's setup, then its evaluator before any action; "
+                        "every task must score 0")
+    c.add_argument("--sample", type=int, help="--live: check this many runnable tasks, picked at random")
+    c.add_argument("--seed", type=int, default=0, help="--live: seed of --sample")
+    c.add_argument("--task-timeout-s", type=float, default=180.0, help="--live: time limit of setup, and of scoring")
+    c.add_argument("--downloads", type=Path, help="--live: download cache folder (default $DART_DOWNLOADS or .dart/blobs)")
     c.set_defaults(func=_check)
+
+    f = tsub.add_parser(
+        "fetch", help="fill the download cache with the files these tasks fetch from URLs",
+        description=_fetch.__doc__,
+    )
+    f.add_argument("paths", nargs="+", metavar="PATH", help="task file, folder of task files, or id-list file")
+    f.add_argument("--examples", type=Path, default=DEFAULT_EXAMPLES, help="OSWorld examples folder")
+    f.add_argument("--downloads", type=Path, help="download cache folder (default $DART_DOWNLOADS or .dart/blobs)")
+    f.add_argument("--from", dest="inbox", type=Path,
+                   help="take files from this folder (named as the missing-file error says) instead of the network")
+    f.add_argument("--list", action="store_true", help="only list the URLs not in the cache, with their inbox names")
+    f.add_argument("--timeout-s", type=float, default=120.0, help="time limit of one download")
+    f.set_defaults(func=_fetch)
 
     from dart.bus.cli import add_bus_args
 
@@ -161,7 +181,7 @@ def backend_capabilities(backend: str):
     hook = getattr(mod, "register_evaluators", None) or getattr(mod, "register", None)
     if callable(hook):
         hook()
-    return capabilities(setup)
+    return capabilities(setup, getattr(setup_mod, "UNAVAILABLE_PROGRAMS", None))
 
 
 def _import(name: str) -> Any:
@@ -201,8 +221,68 @@ def _check(args: argparse.Namespace) -> int:
         if report.holdout_overlap and not args.quiet:
             for tid in report.holdout_overlap:
                 print(f"  {tid}")
+    if args.live:
+        return _live([t for t in tasks if t.id not in report.unsupported], args)
     if report.ok:
         print("pool OK")
         return 0
     print("REFUSED: " + " | ".join(report.problems(limit=3)), file=sys.stderr)
     return 1
+
+
+def _live(tasks: list[Any], args: argparse.Namespace) -> int:
+    """Setup + evaluator-before-acting on a real desktop for the runnable tasks; exit 0 if all score 0."""
+    import asyncio
+    import random
+
+    from dart.env.live_check import live_check
+    from dart.env.xdesktop import XDesktopBackend, XDesktopConfig
+
+    if args.backend != "xdesktop":
+        raise ConfigError("--live runs on the xdesktop backend; pass --backend xdesktop")
+    if args.sample is not None and args.sample < len(tasks):
+        tasks = sorted(random.Random(args.seed).sample(tasks, args.sample), key=lambda t: (t.domain, t.id))
+    cfg = XDesktopConfig(downloads=str(args.downloads or ""))
+    print(f"\nlive check of {len(tasks)} runnable tasks (setup, then the evaluator before any action):")
+
+    def show(r: Any) -> None:
+        score = "" if r.score is None else f" score={r.score:g}"
+        print(f"  {r.outcome:21s} {r.domain}/{r.task_id} {r.seconds:5.1f}s{score} {r.detail}", flush=True)
+
+    results = asyncio.run(live_check(tasks, lambda: XDesktopBackend(cfg, slot=0),
+                                     timeout_s=args.task_timeout_s, on_result=show))
+    counts = Counter(r.outcome for r in results)
+    print("live: " + ", ".join(f"{n} {k}" for k, n in counts.most_common()))
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    """Put every file the tasks read from a URL (download steps, cloud_file and cache_file
+    getters) into the download cache: from --from DIR where files were copied by hand, else
+    from the network. Prints one line per URL still missing; exit 0 when none is."""
+    from dart.env.downloads import DownloadCache, task_urls, url_name
+    from dart.env.tasks import load_tasks
+
+    cache = DownloadCache(args.downloads)
+    tasks = load_tasks(args.paths, examples_root=args.examples)
+    urls = list(dict.fromkeys(u for t in tasks for u in task_urls(t)))
+    todo = [u for u in urls if not cache.has(u)]
+    missing: list[tuple[str, str]] = []
+    for url in todo:
+        if args.list:
+            missing.append((url, "not fetched"))
+        elif args.inbox is not None:
+            source = args.inbox / url_name(url)
+            if source.is_file():
+                cache.put_file(url, source)
+            else:
+                missing.append((url, f"no {source}"))
+        else:
+            r = cache.fetch(url, timeout_s=args.timeout_s)
+            if r.digest is None:
+                missing.append((url, r.error))
+    for url, why in missing:
+        print(f"missing {url_name(url)}  {url}  ({why})")
+    print(f"{len(tasks)} tasks read {len(urls)} URLs: {len(urls) - len(missing)} in the cache {cache.root}, "
+          f"{len(missing)} missing")
+    return 1 if missing else 0

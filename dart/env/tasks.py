@@ -292,6 +292,8 @@ class Capabilities:
     metrics: frozenset[str]
     option_checks: Mapping[str, OptionCheck] = field(default_factory=dict, compare=False, hash=False)
     """metric name -> fn(options) -> unsupported parts of those options (e.g. a compare_table rule)."""
+    unavailable_programs: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    """program a step starts -> why this backend cannot have it (e.g. VS Code: not in Debian)."""
 
 
 def unsupported_parts(task: Task, caps: Capabilities) -> list[str]:
@@ -302,6 +304,7 @@ def unsupported_parts(task: Task, caps: Capabilities) -> list[str]:
     ev = task.evaluator
     parts += [f"setup:{s.type}" for s in task.config if s.type not in caps.setup_types]
     parts += [f"postconfig:{s.type}" for s in ev.postconfig if s.type not in caps.setup_types]
+    parts += [f"app:{p}" for p in dict.fromkeys(_programs(task)) if p in caps.unavailable_programs]
     for func, result, expected, options in zip(ev.funcs, ev.results, ev.expected, ev.options, strict=True):
         if func not in caps.metrics:
             parts.append(f"metric:{func}")
@@ -311,6 +314,20 @@ def unsupported_parts(task: Task, caps: Capabilities) -> list[str]:
             f"getter:{g.type}" for g in (result, expected) if g is not None and g.type not in caps.getters
         ]
     return list(dict.fromkeys(parts))
+
+
+def _programs(task: Task) -> Iterator[str]:
+    """Every word of the commands a task's steps and command getters run, as program names
+    (a shell line's words too: ``a | b && c`` starts three programs)."""
+    ev = task.evaluator
+    commands = [s.parameters.get("command") for s in (*task.config, *ev.postconfig)
+                if s.type in ("launch", "execute", "command")]
+    commands += [g.params.get("command") for g in (*ev.results, *ev.expected)
+                 if g is not None and g.type in ("vm_command_line", "vm_command_error")]
+    for cmd in commands:
+        words = cmd.split() if isinstance(cmd, str) else [w for a in cmd or [] if isinstance(a, str) for w in a.split()]
+        for w in words:
+            yield w.strip("'\"();").rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

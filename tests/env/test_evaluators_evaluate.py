@@ -223,8 +223,6 @@ async def test_real_osworld_include_exclude_task_with_shell_string():
 def test_capabilities_from_registries_reject_what_is_not_registered():
     caps = capabilities({"launch", "sleep", "execute", "activate_window"})
     t = load_task(EXAMPLES / "libreoffice_calc" / "01b269ae-2111-4a07-81fd-3fcd711993b0.json")
-    assert unsupported_parts(t, caps) == ["setup:download", "setup:open", "getter:cloud_file"]
-    chart = next(
-        p for p in sorted((EXAMPLES / "libreoffice_calc").glob("*.json")) if '"chart"' in p.read_text()
-    )
-    assert "option:compare_table:rule chart" in unsupported_parts(load_task(chart), caps)
+    assert unsupported_parts(t, caps) == ["setup:download", "setup:open"]
+    drive = next(p for p in sorted((EXAMPLES / "multi_apps").glob("*.json")) if '"googledrive_file"' in p.read_text())
+    assert "getter:googledrive_file" in unsupported_parts(load_task(drive), caps)

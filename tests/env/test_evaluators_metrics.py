@@ -153,13 +153,13 @@ def test_compare_table_reports_rules_it_cannot_score():
     opts = {
         "rules": [
             {"type": "sheet_data"},
-            {"type": "chart"},
-            {"type": "check_cell", "props": {"font_bold": {}}},
+            {"type": "sparkline"},
+            {"type": "check_cell", "props": {"font_shadow": {}}},
         ]
     }
-    assert compare_table_unsupported(opts) == ["rule chart", "check_cell prop font_bold"]
+    assert compare_table_unsupported(opts) == ["rule sparkline", "check_cell prop font_shadow"]
     assert compare_table_unsupported({"rules": [{"type": "sheet_name"}]}) == []
-    with pytest.raises(ConfigError, match="rule chart"):
+    with pytest.raises(ConfigError, match="rule sparkline"):
         compare_table(xlsx(TABLE), xlsx(TABLE), **opts)
 
 

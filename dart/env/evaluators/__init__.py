@@ -1,18 +1,30 @@
 """Evaluators: OSWorld-style metrics and getters in open registries, and the task scorer.
 
-Importing this package registers the built-ins (getters ``vm_file``, ``vm_command_line``,
-``vm_command_error``, ``rule``; metrics ``infeasible``, ``exact_match``,
-``check_include_exclude``, ``compare_text_file``, ``compare_csv``, ``compare_table``,
-``check_json``, ``check_json_settings``, ``is_extension_installed``, ``file_contains``).
-Backends add their own with :func:`register_metric` / :func:`register_getter`.
+Importing this package registers the built-ins: getters that read the environment through
+``EnvAccess`` (``vm_file``, ``vm_command_line``, ``vm_command_error``, ``list_directory``,
+screen/window sizes, the default video player), the task's own values (``rule``,
+``rule_relativeTime``) and the download cache (``cloud_file``, ``cache_file``); metrics for
+text and rules (metrics_basic, metrics_checks, metrics_json), spreadsheets (metrics_table with
+table_rules), documents and PDFs (metrics_docs, metrics_writer), decks (metrics_slides),
+browsers (metrics_chrome), pictures, VLC and archives (metrics_media, metrics_extra).
+Backends add their own with :func:`register_metric` / :func:`register_getter` (the xdesktop
+backend: browser and app getters).
 """
 
 from __future__ import annotations
 
 from dart.env.evaluators import getters as _getters  # noqa: F401  (registers the built-ins)
 from dart.env.evaluators import metrics_basic as _metrics_basic  # noqa: F401
+from dart.env.evaluators import metrics_checks as _metrics_checks  # noqa: F401
+from dart.env.evaluators import metrics_chrome as _metrics_chrome  # noqa: F401
+from dart.env.evaluators import metrics_docs as _metrics_docs  # noqa: F401
+from dart.env.evaluators import metrics_extra as _metrics_extra  # noqa: F401
 from dart.env.evaluators import metrics_json as _metrics_json  # noqa: F401
+from dart.env.evaluators import metrics_media as _metrics_media  # noqa: F401
+from dart.env.evaluators import metrics_slides as _metrics_slides  # noqa: F401
 from dart.env.evaluators import metrics_table as _metrics_table  # noqa: F401
+from dart.env.evaluators import metrics_writer as _metrics_writer  # noqa: F401
+from dart.env.evaluators import relative_time as _relative_time  # noqa: F401
 from dart.env.evaluators.evaluate import clamp_score, combine, evaluate_task, fetch
 from dart.env.evaluators.files import FileContent, as_file
 from dart.env.evaluators.getters import command_argv

@@ -105,8 +105,10 @@ def get_getter(type_: str) -> Getter:
         raise ConfigError(f"no getter {type_!r}; registered: {', '.join(sorted(_GETTERS))}") from None
 
 
-def capabilities(setup_types: Iterable[str]) -> Capabilities:
-    """What a backend that runs ``setup_types`` can run, with every registered metric and getter."""
+def capabilities(setup_types: Iterable[str], unavailable_programs: Mapping[str, str] | None = None) -> Capabilities:
+    """What a backend that runs ``setup_types`` can run, with every registered metric and getter
+    (``unavailable_programs``: programs it cannot start, with the reason)."""
     return Capabilities(
-        frozenset(setup_types), frozenset(_GETTERS), frozenset(_METRICS), option_checks=dict(_OPTION_CHECKS)
+        frozenset(setup_types), frozenset(_GETTERS), frozenset(_METRICS), option_checks=dict(_OPTION_CHECKS),
+        unavailable_programs=dict(unavailable_programs or {}),
     )

@@ -21,6 +21,7 @@ from typing import Any
 from dart.agent.actions import Action, Wait
 from dart.config import require
 from dart.env.backend import CommandResult, EnvBackend, Health, Observation
+from dart.env.downloads import DownloadCache
 from dart.env.tasks import Task
 from dart.env.xdesktop.display import XDisplay
 from dart.env.xdesktop.input import UnknownKey, run_argvs, xdotool_argvs
@@ -28,6 +29,11 @@ from dart.env.xdesktop.setup import TASKS_DIR, SetupRunner, expand_argv, resolve
 from dart.errors import EnvError
 
 log = logging.getLogger(__name__)
+
+HOME_FOLDERS = ("Desktop", "Documents", "Downloads", "Music", "Pictures", "Videos")
+MIME_DEFAULTS = "[Default Applications]\nvideo/mp4=org.gnome.Totem.desktop\n"
+"""OSWorld's Ubuntu opens videos with Totem: a task that asks for VLC starts from there."""
+TOTEM_ENTRY = "[Desktop Entry]\nType=Application\nName=Videos\nExec=false %U\nMimeType=video/mp4;\nNoDisplay=true\n"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +48,9 @@ class XDesktopConfig:
     """Folder for the slots' homes and profiles ('' = the system temp folder)."""
     tasks_dir: str = ""
     """Where 'download' steps find shipped files ('' = the package's tasks folder)."""
+    downloads: str = ""
+    """Download cache of files tasks fetch from URLs ('' = $DART_DOWNLOADS or .dart/blobs;
+    fill it with `dart tasks fetch`)."""
     type_delay_ms: int = 5
     """Delay between typed keys; LibreOffice drops repeated keys below ~3 ms."""
     scroll_clicks: int = 5
@@ -82,6 +91,7 @@ class XDesktopBackend(EnvBackend):
             tasks_dir=Path(self.cfg.tasks_dir) if self.cfg.tasks_dir else TASKS_DIR,
             app_timeout_s=self.cfg.app_timeout_s, ready_s=self.cfg.ready_s,
             command_timeout_s=self.cfg.command_timeout_s,
+            downloads=DownloadCache(self.cfg.downloads or None),
         )
         self._started = False
         self._closed = False
@@ -97,6 +107,7 @@ class XDesktopBackend(EnvBackend):
         task = _as_task(task)
         await self.start()
         await self.display.kill_apps()
+        await self.setup.reset()
         await asyncio.to_thread(self._wipe_home)
         for step in task.config:
             await self.setup.run(step.type, step.parameters)
@@ -122,8 +133,10 @@ class XDesktopBackend(EnvBackend):
         task = _as_task(task)
         self._check()
         for step in task.evaluator.postconfig:
-            await self.setup.run(step.type, step.parameters)
-        return await evaluate_task(task, self, final_action=final_action)
+            await self.setup.run(step.type, step.parameters, postconfig=True)
+        return await evaluate_task(task, self, final_action=final_action,
+                                   extras={"downloads": self.setup.downloads, "chrome": self.setup.chrome, "vlc": self.setup.vlc,
+                                           "cache_dir": self.setup.cache_dir})
 
     async def health(self) -> Health:
         if self._closed:
@@ -142,6 +155,7 @@ class XDesktopBackend(EnvBackend):
         if self._closed:
             return
         self._closed = True
+        await self.setup.chrome.close()
         await self.display.close()
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
 
@@ -178,6 +192,17 @@ class XDesktopBackend(EnvBackend):
     def _wipe_home(self) -> None:
         shutil.rmtree(self.home, ignore_errors=True)
         self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / ".Xauthority").touch()  # python-xlib (pyautogui in task scripts) will not start without one
+        for folder in HOME_FOLDERS:  # what OSWorld's tasks expect of a user's home
+            (self.home / folder).mkdir()
+        # Ubuntu's default video player, not this machine's: a stand-in entry (xdg-mime only names
+        # a default whose desktop file exists) that a task's agent replaces by choosing VLC.
+        apps = self.home / ".config" / "mimeapps.list"
+        apps.parent.mkdir(parents=True, exist_ok=True)
+        apps.write_text(MIME_DEFAULTS, encoding="utf-8")
+        entry = self.home / ".local" / "share" / "applications" / "org.gnome.Totem.desktop"
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.write_text(TOTEM_ENTRY, encoding="utf-8")
 
     def _check(self) -> None:
         if self._closed:

@@ -25,7 +25,8 @@ from dart.errors import EnvError, ToolMissing
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "apt-get install xvfb xdotool openbox mousepad libreoffice-calc (or `make system-deps`)"
+INSTALL_HINT = ("apt-get install xvfb xdotool openbox mousepad libreoffice-calc libreoffice-writer "
+                "libreoffice-impress chromium vlc gimp thunderbird xterm pcmanfm (or `make system-deps`)")
 
 
 def require_tools(*names: str) -> None:
@@ -83,8 +84,16 @@ class XDisplay:
             raise EnvError(f"Xvfb failed to start (exit {self._xvfb.poll()}); is {INSTALL_HINT.split()[2]} installed?")
         self.display = f":{number}"
         if self.wm:
-            self._wm = self._spawn([self.wm])
+            self._wm = self._spawn([self.wm, *self._wm_args()])
         log.debug("X display %s (%dx%d) for %s", self.display, self.width, self.height, self.home)
+
+    def _wm_args(self) -> list[str]:
+        """openbox: Ctrl+Alt+T opens a terminal and Alt+Tab switches windows, as on OSWorld's Ubuntu desktop."""
+        if Path(self.wm).name != "openbox" or shutil.which("xterm") is None:
+            return []
+        rc = self.home.parent / "openbox-rc.xml"
+        rc.write_text(_OPENBOX_RC, encoding="utf-8")
+        return ["--config-file", str(rc)]
 
     def _spawn(self, argv: Sequence[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
         try:
@@ -129,21 +138,29 @@ class XDisplay:
         return buf.getvalue()
 
     async def wait_window(self, name: str, timeout_s: float) -> str:
-        """The id of a visible window whose title contains ``name`` (a regex, as xdotool takes it)."""
-        proc = await asyncio.create_subprocess_exec(
-            "xdotool", "search", "--sync", "--onlyvisible", "--name", name,
-            env=self.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-        )
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
-        except TimeoutError as exc:
-            proc.kill()
-            await proc.wait()
-            raise EnvError(f"no window named like {name!r} appeared on {self.display} within {timeout_s} s") from exc
-        ids = out.decode().split()
-        if not ids:
-            raise EnvError(f"no window named like {name!r} on {self.display}")
-        return ids[0]
+        """The id of a visible window whose title contains ``name`` (a regex, as xdotool takes it).
+
+        NOTE: ``xdotool search --sync`` can return empty-handed when a window it was looking at
+        disappears mid-search (browsers map and unmap windows while starting): search again."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            proc = await asyncio.create_subprocess_exec(
+                "xdotool", "search", "--sync", "--onlyvisible", "--name", name,
+                env=self.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            )
+            try:
+                out, _ = await asyncio.wait_for(proc.communicate(), max(0.1, deadline - loop.time()))
+            except TimeoutError as exc:
+                proc.kill()
+                await proc.wait()
+                raise EnvError(f"no window named like {name!r} appeared on {self.display} within {timeout_s} s") from exc
+            ids = out.decode().split()
+            if ids:
+                return ids[0]
+            if loop.time() >= deadline:
+                raise EnvError(f"no window named like {name!r} on {self.display}")
+            await asyncio.sleep(0.2)
 
     async def close(self) -> None:
         await self.kill_apps(grace_s=1.0)
@@ -151,6 +168,16 @@ class XDisplay:
             if proc is not None:
                 await _stop_group(proc, 1.0)
         self._wm = self._xvfb = None
+
+
+_OPENBOX_RC = """<?xml version="1.0" encoding="UTF-8"?>
+<openbox_config xmlns="http://openbox.org/3.4/rc">
+  <keyboard>
+    <keybind key="C-A-t"><action name="Execute"><command>xterm -fa Monospace -fs 12</command></action></keybind>
+    <keybind key="A-Tab"><action name="NextWindow"><finalactions><action name="Focus"/><action name="Raise"/></finalactions></action></keybind>
+  </keyboard>
+</openbox_config>
+"""
 
 
 def _read_line(fd: int) -> str:

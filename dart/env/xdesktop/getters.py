@@ -42,4 +42,9 @@ def register() -> None:
         except OSError as exc:
             raise EnvError(f"{GETTER}: cannot read the gold file {target}: {exc}") from exc
 
+    from dart.env.xdesktop.app_getters import register_all as register_app_getters
+    from dart.env.xdesktop.chrome_getters import register_all as register_browser_getters
+
+    register_browser_getters(register_getter)
+    register_app_getters(register_getter)
     _registered = True

@@ -1,11 +1,11 @@
 """Scripted solutions of the local xdesktop tasks (keyboard only, so they hold at any screen
-size) and the loader of those tasks."""
+size, but for GIMP's one click) and the loader of those tasks."""
 
 from __future__ import annotations
 
 import json
 
-from dart.agent.actions import Action, Hotkey, Type, Wait
+from dart.agent.actions import Action, Click, Hotkey, Type, Wait
 from dart.env.tasks import Task
 from dart.env.xdesktop.setup import TASKS_DIR
 from dart.errors import ConfigError
@@ -34,6 +34,20 @@ PLANS: dict[str, tuple[Action, ...]] = {
         _keys("ctrl", "home"), _keys("ctrl", "down"), _keys("down"), Type(content="=SUM(A2:A4)\n"), *_SAVE_XLSX,
     ),
     "xdesktop-calc-ods-header": (_keys("ctrl", "home"), Type(content="Region\n"), _keys("ctrl", "s"), Wait()),
+    "xdesktop-writer-minutes-title": (_keys("ctrl", "home"), Type(content="Minutes of 3 May\n"), _keys("ctrl", "s"),
+                                      Wait()),
+    # Impress: Tab selects the title box, Enter edits its text.
+    "xdesktop-impress-retitle": (Wait(), _keys("tab"), _keys("enter"), _keys("ctrl", "a"),
+                                 Type(content="Quarterly review"), _keys("escape"), _keys("ctrl", "s"), Wait()),
+    # GIMP: the Flip tool (Shift+F) clicked on the picture, then Export (Ctrl+E), Replace, and PNG's Export.
+    # NOTE: the one plan with a click; the picture sits at (505, 421) on a 1024x768 screen only.
+    "xdesktop-gimp-flip": (Wait(), _keys("shift", "f"), Click(x=505, y=421), Wait(), _keys("ctrl", "e"), Wait(),
+                           _keys("enter"), Wait(), _keys("enter"), Wait(), Wait(), _keys("enter"), Wait(), Wait()),
+    # Browser -> clipboard -> spreadsheet: Calc takes the text unformatted (Ctrl+Alt+Shift+V).
+    "xdesktop-chrome-to-calc-invoice": (
+        Wait(), _keys("ctrl", "a"), _keys("ctrl", "c"), _keys("alt", "tab"), Wait(), _keys("ctrl", "home"),
+        _keys("right"), _keys("down"), _keys("ctrl", "alt", "shift", "v"), Wait(), _keys("enter"), *_SAVE_XLSX,
+    ),
 }
 
 

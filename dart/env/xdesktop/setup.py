@@ -10,23 +10,50 @@ one running office (a second ``soffice`` would hand its document to the first on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import os
 import re
 import shlex
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from dart.env.downloads import DownloadCache, is_remote
+from dart.env.xdesktop.chrome import CHROME_NAMES, Chrome, free_port
 from dart.env.xdesktop.display import XDisplay
 from dart.errors import ConfigError, EnvError
 
-SETUP_TYPES = ("launch", "open", "execute", "command", "sleep", "download", "write_file", "activate_window")
+log = logging.getLogger(__name__)
+
+SETUP_TYPES = ("launch", "open", "execute", "command", "sleep", "download", "write_file", "activate_window",
+               "chrome_open_tabs", "chrome_close_tabs", "close_window", "update_browse_history")
+POSTCONFIG_WINDOW_WAIT_S = 10.0
+"""How long an evaluator's activate_window / close_window waits for the agent's window."""
+STAND_INS = {"nautilus": "pcmanfm", "gnome-terminal": "xterm"}
+"""GNOME apps OSWorld's setup opens only to show the agent a folder or a shell, and the Debian
+programs that stand in for them on a bare X desktop (the evaluators read files, not these apps)."""
+_GNOME_TERMINAL = re.compile(r"gnome-terminal(?: --maximize)?(?: --working-directory=(\S+))?")
+UNAVAILABLE_PROGRAMS = {
+    "code": "VS Code is not packaged by Debian (only Microsoft's own repository has it)",
+    "gsettings": "GNOME settings need a GNOME session (dconf); without one nothing persists",
+    "timedatectl": "the machine's clock is not the slot's to change (and needs systemd)",
+    "apt": "would install packages on the host: slots share this machine",
+    "apt-get": "would install packages on the host: slots share this machine",
+}
+"""Programs OSWorld tasks run that an X desktop slot cannot offer: their tasks are refused."""
 OSWORLD_HOME = "/home/user"
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 """Local tasks (``*.json``) and the files they ship (``files/``)."""
 
 _CALC = (".xlsx", ".xls", ".ods", ".csv")
+_IMPRESS = (".pptx", ".ppt", ".odp")
 _WRITER = (".docx", ".doc", ".odt", ".rtf")
 _OFFICE = ("soffice", "libreoffice", "localc", "lowriter")
 
@@ -95,6 +122,8 @@ def open_argv(path: Path, profile: Path) -> list[str]:
         return office_argv(["soffice", "--calc", str(path)], profile)
     if suffix in _WRITER:
         return office_argv(["soffice", "--writer", str(path)], profile)
+    if suffix in _IMPRESS:
+        return office_argv(["soffice", "--impress", str(path)], profile)
     return ["mousepad", str(path)]
 
 
@@ -102,8 +131,15 @@ class SetupRunner:
     """Runs setup (and postconfig) steps for one slot."""
 
     def __init__(self, display: XDisplay, *, profile: Path, tasks_dir: Path = TASKS_DIR,
-                 app_timeout_s: float = 60.0, ready_s: float = 1.0, command_timeout_s: float = 60.0) -> None:
+                 app_timeout_s: float = 60.0, ready_s: float = 1.0, command_timeout_s: float = 60.0,
+                 downloads: DownloadCache | None = None) -> None:
         self.display = display
+        self.downloads = downloads or DownloadCache()
+        self.chrome = Chrome(display.home)
+        self.vlc = Vlc()
+        self.cache_dir = profile.parent / "cache"
+        """Where ``execute`` steps with ``stdout`` leave their output (read by ``cache_file``)."""
+        self._apps: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.profile = profile
         self.tasks_dir = tasks_dir
         self.app_timeout_s = app_timeout_s
@@ -114,14 +150,32 @@ class SetupRunner:
     def home(self) -> Path:
         return self.display.home
 
-    async def run(self, step_type: str, params: dict[str, Any]) -> None:
+    async def reset(self) -> None:
+        """Forget the previous task's apps, browser and command outputs (the display has
+        already stopped the apps)."""
+        self._apps.clear()
+        self.vlc.port = None
+        await self.chrome.close()
+        await asyncio.to_thread(shutil.rmtree, self.cache_dir, True)
+
+    async def run(self, step_type: str, params: dict[str, Any], *, postconfig: bool = False) -> None:
+        """One step. ``postconfig``: a step of the evaluator, whose commands often look at what the
+        agent made (``ls`` of a folder it should have created): their exit status is not an
+        environment failure there, as in OSWorld, unless the task sets ``check``."""
         where = f"setup step {step_type!r}"
+        if postconfig:
+            params = {"check": False, **params}
+            if step_type in ("activate_window", "close_window"):
+                # The window is the agent's (a document it should have saved): when it is not
+                # there, there is nothing to focus, and the getters find what they find.
+                try:
+                    await asyncio.wait_for(self.run(step_type, params), POSTCONFIG_WINDOW_WAIT_S)
+                except (EnvError, TimeoutError) as exc:
+                    log.info("postconfig %s: %s", step_type, exc)
+                return
         match step_type:
             case "launch":
-                argv = office_argv(expand_argv(command_of(params, where), self.home), self.profile)
-                self.display.launch(argv)
-                if isinstance(params.get("window"), str):
-                    await self._ready(params["window"])
+                await self._launch(self._osworld_argv(self._command(params, where)), params)
             case "open":
                 path = resolve_path(_str(params, "path", where), self.home)
                 if not path.exists():
@@ -129,7 +183,7 @@ class SetupRunner:
                 self.display.launch(open_argv(path, self.profile))
                 await self._ready(re.escape(path.name))
             case "execute" | "command":
-                await self._execute(expand_argv(command_of(params, where), self.home), params)
+                await self._execute(self._osworld_argv(self._command(params, where)), params)
             case "sleep":
                 await asyncio.sleep(float(params.get("seconds", 1.0)))
             case "download":
@@ -141,8 +195,22 @@ class SetupRunner:
                 data = json.dumps(content) if not isinstance(content, str) else content
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(data, encoding="utf-8")
+            case "update_browse_history":
+                await self.chrome.add_history(list(params.get("history", [])))
+            case "chrome_open_tabs":
+                await self.chrome.wait_ready(self.app_timeout_s)
+                home_url = "file://" + OSWORLD_HOME + "/"
+                urls = [f"file://{self.home}/{u[len(home_url):]}" if u.startswith(home_url) else u
+                        for u in params.get("urls_to_open", [])]
+                await self.chrome.open_tabs(urls)
+            case "chrome_close_tabs":
+                await self.chrome.wait_ready(self.app_timeout_s)
+                await self.chrome.close_tabs(list(params.get("urls_to_close", [])))
+            case "close_window":
+                await self._close_window(_str(params, "window_name", where))
             case "activate_window":
-                wid = await self.display.wait_window(_str(params, "window_name", where), self.app_timeout_s)
+                wid = await self.display.wait_window(window_pattern(_str(params, "window_name", where)),
+                                                     self.app_timeout_s)
                 proc = await asyncio.create_subprocess_exec("xdotool", "windowactivate", "--sync", wid,
                                                             env=self.display.env)
                 await proc.wait()
@@ -150,30 +218,117 @@ class SetupRunner:
                 raise ConfigError(f"the xdesktop backend cannot run setup step {step_type!r} "
                                   f"(supported: {', '.join(SETUP_TYPES)})")
 
+    def _command(self, params: dict[str, Any], where: str) -> list[str]:
+        """A step's argv; a string with OSWorld's ``"shell": true`` runs in bash (task files are
+        configuration, never model text), without the VM's ``echo PASSWORD | sudo -S`` prefix:
+        the slot's programs run as this machine's user."""
+        raw = params.get("command")
+        if isinstance(raw, str) and str(params.get("shell", "")).lower() in ("true", "1"):
+            raw = re.sub(r"echo \{CLIENT_PASSWORD\} \| sudo -S ", "", raw).replace(OSWORLD_HOME, str(self.home))
+            if any(c in raw for c in "|;&<>$`(~\n"):  # a real shell line; plain ones stay argv (vlc, chrome)
+                return ["/bin/bash", "-c", raw]
+            params = {**params, "command": raw}
+        return expand_argv(command_of(params, where), self.home)
+
+    def _osworld_argv(self, argv: list[str]) -> list[str]:
+        """OSWorld's screen placeholders filled in; ``python`` is this interpreter, which has
+        pyautogui (the tasks' scripts press keys with it, on this slot's DISPLAY)."""
+        sizes = {"{SCREEN_WIDTH_HALF}": str(self.display.width // 2),
+                 "{SCREEN_HEIGHT_HALF}": str(self.display.height // 2),
+                 "{SCREEN_WIDTH}": str(self.display.width), "{SCREEN_HEIGHT}": str(self.display.height)}
+        out = []
+        for a in argv:
+            for k, v in sizes.items():
+                a = a.replace(k, v)
+            out.append(a)
+        if out and PurePosixPath(out[0]).name in ("python", "python3"):
+            out[0] = sys.executable
+        return out
+
+    async def _launch(self, argv: list[str], params: dict[str, Any]) -> None:
+        while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):
+            argv = argv[1:]  # "VLC_VERBOSE=-1 vlc ...": a shell's variable prefix, only log levels here
+        if not argv:
+            raise ConfigError(f"launch: no command in {params!r}")
+        name = PurePosixPath(argv[0]).name
+        if name in ("pkill", "killall") and len(argv) == 2:
+            await self._pkill(argv[1])  # OSWorld launches `pkill chrome` too
+            return
+        if name in STAND_INS:
+            argv = [STAND_INS[name], *argv[1:]]
+        if name == "socat":
+            return  # OSWorld's forwarder to the DevTools port; this backend talks to the port itself
+        if name in CHROME_NAMES:
+            argv = self.chrome.argv(argv)
+        if name in ("vlc", "cvlc"):
+            argv = self.vlc.argv(argv)
+        self._apps.append((name, self.display.launch(office_argv(argv, self.profile))))
+        if name in CHROME_NAMES:
+            await self.chrome.wait_ready(self.app_timeout_s)
+            await self._ready(window_pattern("Google Chrome"))
+        if isinstance(params.get("window"), str):
+            await self._ready(params["window"])
+
+    async def _pkill(self, pattern: str) -> None:
+        """OSWorld's ``pkill chrome`` / ``pkill vlc``: stop this slot's matching apps only (a real
+        pkill would reach every slot on the machine)."""
+        alias = {"chrome": ("google-chrome", "chromium"), "soffice": ("libreoffice",),
+                 "gnome-terminal-server": ("gnome-terminal",)}
+        names = (pattern, *alias.get(pattern, ()))
+        for name, proc in self._apps:
+            if any(n in name for n in names) and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                await asyncio.to_thread(_wait, proc, 5.0)
+        if "chrom" in pattern:
+            await self.chrome.close()
+
+    async def _close_window(self, name: str) -> None:
+        wid = await self.display.wait_window(window_pattern(name), self.app_timeout_s)
+        proc = await asyncio.create_subprocess_exec("xdotool", "windowclose", wid, env=self.display.env)
+        await proc.wait()
+
     async def _ready(self, window: str) -> None:
         await self.display.wait_window(window, self.app_timeout_s)
         await asyncio.sleep(self.ready_s)  # a mapped window is not yet a window that takes keys
 
     async def _execute(self, argv: list[str], params: dict[str, Any]) -> None:
+        if argv[:2] == ["/bin/bash", "-c"] and len(argv) == 3:
+            script = argv[2]
+            if m := re.fullmatch(r"\s*(?:pkill|killall) ([\w.-]+)\s*", script):
+                argv = ["pkill", m.group(1)]
+            elif m := _GNOME_TERMINAL.search(script):  # a terminal window: an app, not a command to wait for
+                cwd = m.group(1) or str(self.home)
+                self._apps.append(("gnome-terminal", self.display.launch(
+                    ["/bin/bash", "-c", f"cd {shlex.quote(cwd)} && exec xterm -maximized"])))
+                await self._ready("xterm|" + re.escape(PurePosixPath(cwd).name or "/"))
+                return
+        if len(argv) == 2 and PurePosixPath(argv[0]).name in ("pkill", "killall"):
+            await self._pkill(argv[1])
+            return
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, env=self.display.env, cwd=str(self.home),
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )
         except OSError as exc:
             raise EnvError(f"setup command {argv[0]!r} cannot start: {exc}") from exc
         try:
-            _, err = await asyncio.wait_for(proc.communicate(), float(params.get("timeout", self.command_timeout_s)))
+            out, err = await asyncio.wait_for(proc.communicate(), float(params.get("timeout", self.command_timeout_s)))
         except TimeoutError as exc:
             proc.kill()
             await proc.wait()
             raise EnvError(f"setup command {argv[0]!r} timed out") from exc
+        if isinstance(params.get("stdout"), str):  # OSWorld keeps it for a cache_file getter
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            (self.cache_dir / PurePosixPath(params["stdout"]).name).write_bytes(out)
         if proc.returncode != 0 and params.get("check", True):
             raise EnvError(f"setup command {argv!r} failed (exit {proc.returncode}): {err.decode()[-300:]}")
 
     def _fetch(self, url: str, path: str) -> None:
-        if url.startswith(("http://", "https://")):
-            raise EnvError(f"download {url}: this backend has no network; ship the file under {self.tasks_dir}/files")
+        if is_remote(url):  # from the download cache (`dart tasks fetch`), never the network
+            self.downloads.copy_to(url, resolve_path(path, self.home))
+            return
         source = Path(url[len("file://") :]) if url.startswith("file://") else self.tasks_dir / url
         if not source.is_file():
             raise EnvError(f"download: no file {source}")
@@ -187,3 +342,34 @@ def _str(params: Any, key: str, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where}: {key!r} must be a non-empty string, got {value!r}")
     return value
+
+
+@dataclass
+class Vlc:
+    """VLC with its HTTP interface on a free port (what ``vlc_playing_info`` reads)."""
+
+    port: int | None = None
+    password: str = "dart"
+
+    def argv(self, task_argv: list[str]) -> list[str]:
+        self.port = free_port()
+        return [task_argv[0], "--extraintf=http", "--http-host=127.0.0.1", f"--http-port={self.port}",
+                f"--http-password={self.password}", *task_argv[1:]]
+
+
+def window_pattern(name: str) -> str:
+    """The xdotool title pattern for an OSWorld window name: Debian's Chromium titles its
+    windows "... - Chromium" where Google's build says "Google Chrome"; a terminal is xterm."""
+    pattern = re.escape(name)
+    if name == "Terminal":  # GNOME's terminal; the slot's Ctrl+Alt+T opens xterm
+        return "Terminal|xterm"
+    return pattern.replace("Google\\ Chrome", "(Google\\ Chrome|Chromium)") if "Google Chrome" in name else pattern
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
