@@ -118,8 +118,7 @@ class Consumer:
         return self._producer
 
     async def run(self) -> None:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.cfg.bootstrap,
+        consumer = AIOKafkaConsumer(**self.cfg.aiokafka(
             group_id=self.group,
             client_id=self.client_id,
             enable_auto_commit=False,
@@ -129,7 +128,7 @@ class Consumer:
             fetch_max_wait_ms=self.cfg.fetch_max_wait_ms,
             max_partition_fetch_bytes=self.cfg.max_message_bytes,
             fetch_max_bytes=self.cfg.max_message_bytes * 4,
-        )
+        ))
         consumer.subscribe(self.topics, listener=_Assigned(self.started, self.group))
         await consumer.start()
         try:
@@ -240,12 +239,11 @@ async def read_topic(
 ) -> Any:
     """Yield Delivered events of every partition of ``topic`` from the earliest offset, without
     a consumer group; stop at the end of the log (or after ``max_records``), or keep following."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=cfg.bootstrap,
+    consumer = AIOKafkaConsumer(**cfg.aiokafka(
         enable_auto_commit=False,
         fetch_max_wait_ms=cfg.fetch_max_wait_ms,
         max_partition_fetch_bytes=cfg.max_message_bytes,
-    )
+    ))
     await consumer.start()
     seen = 0
     try:

@@ -40,8 +40,7 @@ class Producer:
     def __init__(self, cfg: BusConfig, *, client_id: str = "dart", linger_ms: int = 2) -> None:
         self.cfg = cfg
         self._p = _KafkaProducer(
-            {
-                "bootstrap.servers": cfg.bootstrap,
+            cfg.librdkafka(**{
                 "client.id": client_id,
                 "enable.idempotence": True,
                 "acks": "all",
@@ -51,7 +50,7 @@ class Producer:
                 # librdkafka's own log lines go through logging, not straight to stderr.
                 "logger": logging.getLogger("dart.bus.rdkafka"),
                 "log.connection.close": False,
-            }
+            })
         )
         self._failures: list[str] = []
         self._lock = threading.Lock()

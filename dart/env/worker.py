@@ -130,12 +130,12 @@ class EnvWorker:
         # request is taken that no environment could serve yet.
         await self.backends.start()
         await self.inbox.start()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bus.bootstrap, group_id=self.cfg.group_name, client_id=self.worker_id,
+        self._consumer = AIOKafkaConsumer(**self.bus.aiokafka(
+            group_id=self.cfg.group_name, client_id=self.worker_id,
             enable_auto_commit=False, auto_offset_reset="earliest",
             session_timeout_ms=self.bus.session_timeout_ms, heartbeat_interval_ms=self.bus.heartbeat_interval_ms,
             fetch_max_wait_ms=self.bus.fetch_max_wait_ms, max_partition_fetch_bytes=self.bus.max_message_bytes,
-        )
+        ))
         self._consumer.subscribe([self.bus.topics.requests], listener=_Rebalance(self))
         await self._consumer.start()
 
