@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import functools
 import hmac
 import json
@@ -88,7 +87,7 @@ def credentials(headers: Mapping[str, str], query: Mapping[str, str]) -> tuple[s
     if auth[:6].lower() == "basic ":
         try:
             user, _, password = base64.b64decode(auth[6:].strip(), validate=True).decode("utf-8").partition(":")
-        except (binascii.Error, UnicodeDecodeError) as exc:
+        except ValueError as exc:  # binascii.Error, UnicodeDecodeError, non-ASCII text
             raise Unauthorized(f"unreadable Authorization header: {exc}") from exc
         return user, password
     if "X-ClickHouse-User" in headers:
