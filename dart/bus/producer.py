@@ -66,6 +66,12 @@ class Producer:
 
     def _produce(self, value: bytes, topic: str, key: bytes | None, partition: int | None,
                  headers: dict[str, bytes] | None, on_delivery: Any) -> None:
+        size = len(value) + len(key or b"")
+        if size > self.cfg.max_message_bytes:
+            # Refused here, with the topic and the fix, rather than as a librdkafka error code later.
+            raise BusError(f"record of {size} bytes for {topic} is over bus.max_message_bytes "
+                           f"({self.cfg.max_message_bytes}); events stay small: put large payloads in the blob "
+                           "store and send the digest")
         kwargs: dict[str, Any] = {"value": value, "key": key, "on_delivery": on_delivery}
         if partition is not None:
             kwargs["partition"] = partition

@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from dart.blobs import BlobStore
-from dart.bus import BusConfig, Producer, ReplyInbox, read_topic
+from dart.bus import BusConfig, Producer, ReplyInbox, dead_letter, read_topic
 from dart.env.backend import EnvBackend
 from dart.env.backends import backends_for
 from dart.env.catalogue import TaskCatalogue
@@ -45,7 +45,6 @@ from dart.env.slots import OffsetWatermark, SlotClock, next_attempt, trajectory_
 from dart.env.tasks import load_tasks
 from dart.errors import BusError, DecodeError
 from dart.events import (
-    DeadLetter,
     RewardAssigned,
     RolloutRequested,
     TaskRegistered,
@@ -345,11 +344,9 @@ class EnvWorker:
         await self.producer.send(event, **kw)
 
     async def _dead_letter(self, rec: Any, exc: Exception) -> None:
-        await self._send(DeadLetter.new(
-            run_id=self.cfg.run_id, producer=self.worker_id, source_topic=rec.topic, partition=rec.partition,
-            offset=rec.offset, key=rec.key, value=rec.value or b"", stage="decode", error_type=type(exc).__name__,
-            error=str(exc)[:4000], consumer_group=self.cfg.group_name,
-        ), topic=self.bus.topics.dlq)
+        await self._send(dead_letter(rec, run_id=self.cfg.run_id, producer=self.worker_id, group=self.cfg.group_name,
+                                     stage="decode", exc=exc, max_value_bytes=self.bus.max_message_bytes // 2),
+                         topic=self.bus.topics.dlq)
 
 
 async def _first_to_end(tasks: list[asyncio.Task[Any]], stopper: asyncio.Task[Any]) -> None:
