@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from dart.config import require
+from dart.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,7 +22,23 @@ class StoreConfig:
     username: str = "default"
     """ClickHouse server user (server mode only)."""
     password_env: str = "CLICKHOUSE_PASSWORD"
-    """Environment variable holding the server password (never put secrets in files)."""
+    """Environment variable holding the server password (never put secrets in config files)."""
+    password_file: Path | None = None
+    """File holding the password, read when `password_env` is unset or empty (the compose
+    stack's generated password, in a volume only the server and the data manager mount)."""
+
+    @property
+    def password(self) -> str:
+        """The server password: `password_env`, else `password_file`, else empty."""
+        from_env = os.environ.get(self.password_env)
+        if from_env:
+            return from_env
+        if self.password_file is not None:
+            try:
+                return self.password_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"store.password_file: cannot read {self.password_file}: {exc}") from exc
+        return ""
 
     def __post_init__(self) -> None:
         require(self.dsn.startswith(("chdb://", "http://", "https://")), "dsn",
