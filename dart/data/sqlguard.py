@@ -16,8 +16,9 @@ Three layers, each for what the one before it cannot see (``dart.data.http`` app
    the statement's leading keyword to the analytics allowlist.
 3. **ClickHouse's own parser** (:func:`check_ast` over ``EXPLAIN AST`` output): the statement
    kind (an ``EXPLAIN`` of anything is judged by what it explains), every table function
-   against an allowlist that reaches nothing outside this process, and every scalar function
-   against :data:`DENIED_FUNCTIONS`. A parse, not a substring match: ``'file('`` in a string
+   (``FROM f()``, ``INSERT INTO FUNCTION f()``, ``CREATE TABLE t AS f()``) and every table
+   engine against allowlists that reach nothing outside this process, no dictionaries, and
+   every scalar function against :data:`DENIED_FUNCTIONS`. A parse, not a substring match: ``'file('`` in a string
    or a comment is data, and ``FiLe(...)`` is the same function as ``file(...)``.
 
 The writer role (credentials from the environment) skips 1 and the statement-kind rules, but
@@ -43,6 +44,18 @@ SAFE_TABLE_FUNCTIONS = frozenset({
 (file, url, s3, hdfs, remote, remoteSecure, cluster, mysql, postgresql, jdbc, odbc,
 executable, input, azureBlobStorage, iceberg, dictionary, ... and any added by a later
 ClickHouse) is refused: an allowlist, so a new external source is refused by default."""
+
+SAFE_ENGINES = frozenset({
+    "mergetree", "replacingmergetree", "summingmergetree", "aggregatingmergetree", "collapsingmergetree",
+    "versionedcollapsingmergetree", "coalescingmergetree", "memory", "log", "tinylog", "stripelog", "null",
+    "set", "join", "buffer", "merge", "generaterandom",
+})
+"""Table engines a writer may create: storage in this process. File, URL, S3, HDFS, Kafka,
+MySQL, PostgreSQL, ODBC, JDBC, Distributed, Executable, Dictionary, ... are refused."""
+
+_TABLE_FUNCTION_PARENTS = frozenset({"TableExpression", "InsertQuery", "CreateQuery"})
+"""AST nodes whose Function children are table functions (FROM f(), INSERT INTO FUNCTION f(),
+CREATE TABLE t AS f())."""
 
 DENIED_FUNCTIONS = frozenset({
     "file",                  # the scalar file(path) reads a host file even under readonly = 1
@@ -228,11 +241,17 @@ def check_ast(ast: str, *, writer: bool = False) -> None:
             if node.kind != "Explain":
                 break
     for k, node in enumerate(nodes):
+        if node.kind == "Dictionary":
+            raise SqlRefused("no-external-dictionaries", "CREATE DICTIONARY is refused: a dictionary source may be a "
+                             "file, a URL or another server", code=497, name="ACCESS_DENIED")
         if node.kind != "Function":
             continue
         name = node.name.lower()
         parent = next((p for p in reversed(nodes[:k]) if p.depth < node.depth), None)
-        if parent is not None and parent.kind == "TableExpression" and name not in SAFE_TABLE_FUNCTIONS:
+        if parent is not None and parent.kind == "Storage" and name not in SAFE_ENGINES:
+            raise SqlRefused("no-external-tables", f"table engine {node.name} is refused: it reaches outside the "
+                             "projection (files, URLs, other servers, programs)", code=497, name="ACCESS_DENIED")
+        if parent is not None and parent.kind in _TABLE_FUNCTION_PARENTS and name not in SAFE_TABLE_FUNCTIONS:
             raise SqlRefused("no-external-tables", f"table function {node.name}() is refused: it reaches outside "
                              "the projection (files, URLs, other servers, programs)", code=497, name="ACCESS_DENIED")
         if name in DENIED_FUNCTIONS or name.startswith("dictget"):

@@ -122,9 +122,14 @@ async def test_credentials_decide_the_role(endpoint, store) -> None:
     assert status == 200, text
     assert "made_by_writer" in {r[0] for r in store.query(f"SHOW TABLES FROM {db}")}
     # even the writer cannot reach outside
-    status, _, _ = await ask(url, "SELECT * FROM file('/etc/passwd','LineAsString')",
-                             auth=aiohttp.BasicAuth("dart_writer", "writer-password"))
-    assert status == 403
+    for sql in ("SELECT * FROM file('/etc/passwd','LineAsString')",
+                "INSERT INTO FUNCTION url('http://127.0.0.1:1/', 'CSV', 'a UInt8') VALUES (1)",
+                "CREATE TABLE out_url (a UInt8) ENGINE = URL('http://127.0.0.1:1/', CSV)",
+                "CREATE TABLE out_s3 AS s3('http://127.0.0.1:1/a.csv')"):
+        status, text, _ = await ask(url, sql, params={"database": db},
+                                    auth=aiohttp.BasicAuth("dart_writer", "writer-password"))
+        assert status == 403 and "no-external" in text, (sql, text)
+    assert not {"out_url", "out_s3"} & {r[0] for r in store.query(f"SHOW TABLES FROM {db}")}
 
 
 async def test_limits_fail_the_request_and_the_endpoint_keeps_serving(endpoint) -> None:

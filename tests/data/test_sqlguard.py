@@ -67,6 +67,14 @@ def test_table_functions_are_allowlisted_and_external_functions_refused() -> Non
     for scalar in ("file", "FILE", "dictGet", "dictGetString", "catboostEvaluate"):
         with pytest.raises(sqlguard.SqlRefused, match="no-external-functions"):
             sqlguard.check_ast(SELECT_FROM.format(scalar=scalar, table="numbers"))
+    insert_url = "InsertQuery   (children 1)\n Function url (children 1)\n  ExpressionList (children 1)\n"
+    create_as = "CreateQuery t (children 2)\n Identifier t\n Function s3 (children 1)\n"
+    engine = "CreateQuery t (children 2)\n Identifier t\n Storage definition (children 1)\n  Function {} (children 1)\n"
+    dictionary = "CreateQuery d (children 2)\n Identifier d\n Dictionary definition (children 4)\n"
+    for ast in (insert_url, create_as, engine.format("URL"), engine.format("Kafka"), dictionary):
+        with pytest.raises(sqlguard.SqlRefused, match="no-external"):
+            sqlguard.check_ast(ast, writer=True)
+    sqlguard.check_ast(engine.format("ReplacingMergeTree"), writer=True)
     assert sqlguard.SqlRefused("r", "m").clickhouse_text().startswith("Code: 164. DB::Exception: ")
 
 

@@ -272,7 +272,8 @@ async def serve(cfg: AgentConfig, *, ready: asyncio.Event | None = None) -> None
     try:
         site = web.TCPSite(runner, cfg.host, cfg.port)
         await site.start()
-        log.info("guest agent on http://%s:%d serving display %s", cfg.host, cfg.port, cfg.display)
+        log.info("guest agent on http://%s:%d serving display %s (%s)", cfg.host, cfg.port, cfg.display,
+                 "token required" if cfg.token else "no token: loopback only")
         if ready is not None:
             ready.set()
         with contextlib.suppress(asyncio.CancelledError):
