@@ -10,7 +10,13 @@ APT_PACKAGES := xvfb xdotool x11-utils openbox mousepad libreoffice-calc imagema
                 qemu-system-x86 qemu-utils busybox-static linux-image-cloud-amd64
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install system-deps bench lint clean
+# Property-based suites over everything that parses outside input; `make test` runs them bounded
+# (hypothesis profile "default"), `make fuzz` long (profile "fuzz", FUZZ_EXAMPLES examples each).
+FUZZ_TESTS := tests/events/test_codec_fuzz.py tests/agent/test_uitars_properties.py \
+              tests/vm/test_protocol_fuzz.py tests/data/test_sqlguard.py
+FUZZ_EXAMPLES ?= 20000
+
+.PHONY: run test fuzz install system-deps bench lint clean
 
 run: install
 	$(DART) doctor || true
@@ -19,6 +25,10 @@ run: install
 test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+fuzz: install
+	HYPOTHESIS_PROFILE=fuzz FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider \
+	  --timeout 0 $(FUZZ_TESTS) $(PYTEST_ARGS)
 
 bench: install
 	$(PY) benchmarks/run_all.py

@@ -9,9 +9,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, ensure_topics
+
+# Property-based suites (hypothesis) stay bounded in `make test`; `make fuzz` runs them with the
+# "fuzz" profile. Suites set no max_examples of their own, so the profile decides.
+settings.register_profile("default", max_examples=150, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("fuzz", max_examples=int(os.environ.get("FUZZ_EXAMPLES", "20000")), deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("DART_SHARED", REPO.parent / "shared"))

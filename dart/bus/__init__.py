@@ -1,8 +1,8 @@
 """Kafka plumbing: topics, producer, consumer, request-reply, the dev broker."""
 
 from dart.bus.broker import DevBroker, broker_answers, ensure_topics, free_port, tansu_binary
-from dart.bus.config import BusConfig
-from dart.bus.consumer import Consumer, Delivered, read_topic, stop_on_signals
+from dart.bus.config import BusConfig, BusSecurity
+from dart.bus.consumer import Consumer, Delivered, dead_letter, read_topic, stop_on_signals
 from dart.bus.producer import REPLY_TO_HEADER, Producer, RecordMeta
 from dart.bus.reply import ReplyInbox, reply_partition
 from dart.bus.topics import CATALOGUE, Topics, TopicSpec
@@ -11,6 +11,7 @@ __all__ = [
     "CATALOGUE",
     "REPLY_TO_HEADER",
     "BusConfig",
+    "BusSecurity",
     "Consumer",
     "Delivered",
     "DevBroker",
@@ -20,6 +21,7 @@ __all__ = [
     "TopicSpec",
     "Topics",
     "broker_answers",
+    "dead_letter",
     "ensure_topics",
     "free_port",
     "read_topic",

@@ -120,7 +120,7 @@ class DevBroker:
 def ensure_topics(cfg: BusConfig, *, extra: dict[str, int] | None = None, timeout_s: float = 15.0) -> list[str]:
     """Create every catalogue topic (and ``extra`` name -> partitions) that does not exist yet.
     Returns the names created. Idempotent."""
-    admin = AdminClient({"bootstrap.servers": cfg.bootstrap, "logger": logging.getLogger("dart.bus.rdkafka")})
+    admin = AdminClient(cfg.librdkafka(logger=logging.getLogger("dart.bus.rdkafka")))
     try:
         existing = set(admin.list_topics(timeout=timeout_s).topics)
     except KafkaException as exc:

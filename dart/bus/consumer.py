@@ -118,8 +118,7 @@ class Consumer:
         return self._producer
 
     async def run(self) -> None:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.cfg.bootstrap,
+        consumer = AIOKafkaConsumer(**self.cfg.aiokafka(
             group_id=self.group,
             client_id=self.client_id,
             enable_auto_commit=False,
@@ -129,7 +128,7 @@ class Consumer:
             fetch_max_wait_ms=self.cfg.fetch_max_wait_ms,
             max_partition_fetch_bytes=self.cfg.max_message_bytes,
             fetch_max_bytes=self.cfg.max_message_bytes * 4,
-        )
+        ))
         consumer.subscribe(self.topics, listener=_Assigned(self.started, self.group))
         await consumer.start()
         try:
@@ -213,20 +212,27 @@ class Consumer:
         self.dead_lettered += 1
         log.error("%s: %s failed for %s[%d]@%d: %s: %s -> dead-letter topic", self.group, stage, rec.topic,
                   rec.partition, rec.offset, type(exc).__name__, exc)
-        letter = DeadLetter.new(
-            run_id=self.cfg.prefix,
-            producer=self.client_id,
-            source_topic=rec.topic,
-            partition=rec.partition,
-            offset=rec.offset,
-            key=rec.key,
-            value=rec.value or b"",
-            stage=stage,
-            error_type=type(exc).__name__,
-            error=str(exc)[:4000],
-            consumer_group=self.group,
-        )
+        letter = dead_letter(rec, run_id=self.cfg.prefix, producer=self.client_id, group=self.group, stage=stage,
+                             exc=exc, max_value_bytes=self.cfg.max_message_bytes // 2)
         await self.producer.send(letter, topic=self.cfg.topics.dlq)
+
+
+def dead_letter(rec: Any, *, run_id: str, producer: str, group: str, stage: str, exc: BaseException,
+                max_value_bytes: int) -> DeadLetter:
+    """The DLQ record for a consumed record ``rec`` that failed at ``stage``.
+
+    The original bytes go along, cut to ``max_value_bytes``: a poison record as large as the
+    broker allows would otherwise make its own dead letter too large to produce, and the
+    consumer would stop on the record it was meant to route around.
+    """
+    value = rec.value or b""
+    error = f"{exc}"[:4000]
+    if len(value) > max_value_bytes:
+        error = f"{error} [value cut from {len(value)} to {max_value_bytes} bytes]"
+        value = value[:max_value_bytes]
+    return DeadLetter.new(run_id=run_id, producer=producer, source_topic=rec.topic, partition=rec.partition,
+                          offset=rec.offset, key=rec.key, value=value, stage=stage, error_type=type(exc).__name__,
+                          error=error, consumer_group=group)
 
 
 async def read_topic(
@@ -240,12 +246,11 @@ async def read_topic(
 ) -> Any:
     """Yield Delivered events of every partition of ``topic`` from the earliest offset, without
     a consumer group; stop at the end of the log (or after ``max_records``), or keep following."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=cfg.bootstrap,
+    consumer = AIOKafkaConsumer(**cfg.aiokafka(
         enable_auto_commit=False,
         fetch_max_wait_ms=cfg.fetch_max_wait_ms,
         max_partition_fetch_bytes=cfg.max_message_bytes,
-    )
+    ))
     await consumer.start()
     seen = 0
     try:

@@ -40,8 +40,7 @@ class Producer:
     def __init__(self, cfg: BusConfig, *, client_id: str = "dart", linger_ms: int = 2) -> None:
         self.cfg = cfg
         self._p = _KafkaProducer(
-            {
-                "bootstrap.servers": cfg.bootstrap,
+            cfg.librdkafka(**{
                 "client.id": client_id,
                 "enable.idempotence": True,
                 "acks": "all",
@@ -51,7 +50,7 @@ class Producer:
                 # librdkafka's own log lines go through logging, not straight to stderr.
                 "logger": logging.getLogger("dart.bus.rdkafka"),
                 "log.connection.close": False,
-            }
+            })
         )
         self._failures: list[str] = []
         self._lock = threading.Lock()
@@ -67,6 +66,12 @@ class Producer:
 
     def _produce(self, value: bytes, topic: str, key: bytes | None, partition: int | None,
                  headers: dict[str, bytes] | None, on_delivery: Any) -> None:
+        size = len(value) + len(key or b"")
+        if size > self.cfg.max_message_bytes:
+            # Refused here, with the topic and the fix, rather than as a librdkafka error code later.
+            raise BusError(f"record of {size} bytes for {topic} is over bus.max_message_bytes "
+                           f"({self.cfg.max_message_bytes}); events stay small: put large payloads in the blob "
+                           "store and send the digest")
         kwargs: dict[str, Any] = {"value": value, "key": key, "on_delivery": on_delivery}
         if partition is not None:
             kwargs["partition"] = partition

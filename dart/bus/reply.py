@@ -59,12 +59,11 @@ class ReplyInbox:
         return self._route
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.cfg.bootstrap,
+        self._consumer = AIOKafkaConsumer(**self.cfg.aiokafka(
             enable_auto_commit=False,
             fetch_max_wait_ms=self.cfg.fetch_max_wait_ms,
             max_partition_fetch_bytes=self.cfg.max_message_bytes,
-        )
+        ))
         await self._consumer.start()
         parts = self._consumer.partitions_for_topic(self.topic)
         if not parts:

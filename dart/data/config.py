@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from dart.config import require
+from dart.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,7 +22,23 @@ class StoreConfig:
     username: str = "default"
     """ClickHouse server user (server mode only)."""
     password_env: str = "CLICKHOUSE_PASSWORD"
-    """Environment variable holding the server password (never put secrets in files)."""
+    """Environment variable holding the server password (never put secrets in config files)."""
+    password_file: Path | None = None
+    """File holding the password, read when `password_env` is unset or empty (the compose
+    stack's generated password, in a volume only the server and the data manager mount)."""
+
+    @property
+    def password(self) -> str:
+        """The server password: `password_env`, else `password_file`, else empty."""
+        from_env = os.environ.get(self.password_env)
+        if from_env:
+            return from_env
+        if self.password_file is not None:
+            try:
+                return self.password_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"store.password_file: cannot read {self.password_file}: {exc}") from exc
+        return ""
 
     def __post_init__(self) -> None:
         require(self.dsn.startswith(("chdb://", "http://", "https://")), "dsn",
@@ -156,17 +174,49 @@ class BatcherConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SqlLimits:
+    """What one request to the SQL endpoint may cost; past a limit it fails, the endpoint goes on."""
+
+    max_body_bytes: int = 32 * 1024**2
+    """Largest request body (query or INSERT data, after decompression); larger: HTTP 413."""
+    max_execution_time_s: float = 60.0
+    """A query running longer is stopped (ClickHouse TIMEOUT_EXCEEDED)."""
+    max_result_rows: int = 10_000_000
+    """A result with more rows fails (result_overflow_mode = throw), never silently truncated."""
+    max_result_bytes: int = 1024**3
+    """A result with more bytes (uncompressed, in memory) fails the same way."""
+    max_memory_bytes: int = 4 * 1024**3
+    """Memory one query may use (ClickHouse max_memory_usage)."""
+    max_concurrent: int = 4
+    """Queries run at once; each holds a worker thread."""
+    queue_timeout_s: float = 5.0
+    """A request that finds `max_concurrent` queries running waits this long, then gets HTTP 503."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_result_rows", "max_result_bytes", "max_memory_bytes", "max_concurrent"):
+            require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        require(self.max_execution_time_s > 0, "max_execution_time_s", f"must be > 0, got {self.max_execution_time_s}")
+        require(self.queue_timeout_s >= 0, "queue_timeout_s", f"must be >= 0, got {self.queue_timeout_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class HttpConfig:
-    """The ClickHouse HTTP interface served over the embedded store."""
+    """The ClickHouse HTTP interface served over the embedded store (see the README's Security)."""
 
     enabled: bool = True
     """Serve SQL over HTTP (chdb allows one process per database: this is how others query it)."""
     host: str = "127.0.0.1"
-    """Bind address; keep it on loopback (there is no authentication)."""
+    """Bind address; keep it on loopback: analytics clients need no credentials."""
     port: int = 8123
     """TCP port; 0 picks a free one (written to `port_file`)."""
     port_file: Path | None = None
     """Write the bound port here once serving."""
+    limits: SqlLimits = field(default_factory=SqlLimits)
+    writer_user: str = "dart_writer"
+    """User of the writer role (DDL, INSERT): enabled only when the environment variable
+    `writer_password_env` holds a password. Every other client is a read-only analytics client."""
+    writer_password_env: str = "DART_SQL_WRITER_PASSWORD"
+    """Environment variable holding the writer's password (never put secrets in files)."""
 
 
 @dataclass(frozen=True, kw_only=True)

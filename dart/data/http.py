@@ -6,13 +6,23 @@ ClickHouse HTTP protocol that clickhouse-connect (and curl) use: ``GET|HEAD /pin
 body (compressed or not), ``database``, ``default_format``, ``param_<name>`` query
 parameters, other URL parameters as settings, and the ``X-ClickHouse-*`` response headers.
 Each request runs on a fresh chdb connection handle (about 1 ms), so ``USE`` and settings
-never leak between clients. Bind it to loopback: there is no authentication.
+never leak between clients.
+
+Who may do what (``dart.data.sqlguard`` holds the rules and says which layer enforces which):
+analytics clients (no credentials, or user ``default``) get ``readonly = 1`` and read
+statements only; the writer (``HttpConfig.writer_user`` with the password from the
+environment, sent the way clickhouse-connect sends it: basic auth, ``X-ClickHouse-User`` /
+``X-ClickHouse-Key`` or ``user`` / ``password`` parameters) may also write. Nobody reaches
+outside the projection (host files, URLs, other servers, programs). Every request is bounded
+(``SqlLimits``); a refused request is a 401/403/413/503 with a ClickHouse-style body.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gzip
+import base64
+import functools
+import hmac
 import json
 import logging
 import os
@@ -21,12 +31,17 @@ import socket
 import tempfile
 import uuid
 import zlib
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from dart.data import sqlguard
+from dart.data.config import SqlLimits
+from dart.errors import DartError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +59,54 @@ _INSERT = re.compile(r"^\s*INSERT\b", re.IGNORECASE)
 _BODY_INSERT = re.compile(rb"^\s*INSERT\b.*?\bFORMAT\s+(\w+)(?:[ \t]*\r?\n|[ \t])?", re.IGNORECASE | re.DOTALL)
 _SETTING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CODE = re.compile(r"Code:\s*(\d+)")
+_REFUSED_CODES = frozenset({"164", "497"})  # READONLY, ACCESS_DENIED
+PROTECTED_SETTINGS = frozenset({"readonly", "allow_ddl", "allow_introspection_functions"})
+"""URL parameters refused with 403: they would lift the analytics role's restrictions."""
+
+
+class BadRequest(DartError, ValueError):
+    """An HTTP request the endpoint cannot read (answered with 400)."""
+
+
+class Unauthorized(DartError, PermissionError):
+    """Credentials that name no role, or a wrong password (answered with 401)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """The writer role's credentials (from the environment, see ``HttpConfig``)."""
+
+    user: str
+    password: str = field(repr=False)
+
+
+def credentials(headers: Mapping[str, str], query: Mapping[str, str]) -> tuple[str | None, str]:
+    """(user, password) the way a ClickHouse client may send them: ``Authorization: Basic``,
+    ``X-ClickHouse-User`` / ``X-ClickHouse-Key`` headers, or ``user`` / ``password`` parameters."""
+    auth = headers.get("Authorization", "")
+    if auth[:6].lower() == "basic ":
+        try:
+            user, _, password = base64.b64decode(auth[6:].strip(), validate=True).decode("utf-8").partition(":")
+        except ValueError as exc:  # binascii.Error, UnicodeDecodeError, non-ASCII text
+            raise Unauthorized(f"unreadable Authorization header: {exc}") from exc
+        return user, password
+    if "X-ClickHouse-User" in headers:
+        return headers["X-ClickHouse-User"], headers.get("X-ClickHouse-Key", "")
+    return query.get("user"), query.get("password", "")
+
+
+def role_of(user: str | None, password: str, writer: Writer | None) -> bool:
+    """True for the writer, False for an analytics client; Unauthorized for anyone else.
+
+    ``default`` (or no user) is the analytics role and needs no password: the endpoint is on
+    loopback and that role cannot change anything."""
+    if user in (None, "", "default"):
+        return False
+    if writer is not None and user == writer.user:
+        if hmac.compare_digest(password.encode("utf-8", "surrogateescape"), writer.password.encode()):
+            return True
+        raise Unauthorized(f"{user}: wrong password")
+    raise Unauthorized(f"unknown user {user!r}: use 'default' (read-only) or the writer user")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +132,18 @@ def split_format(sql: str) -> tuple[str, str | None]:
 _MAGIC = {"gzip": b"\x1f\x8b", "zstd": b"\x28\xb5\x2f\xfd", "lz4": b"\x04\x22\x4d\x18"}
 
 
-def decompress(body: bytes, encoding: str) -> bytes:
-    """Undo a Content-Encoding clickhouse-connect or curl may use.
+def _inflate(d: Any, body: bytes, max_bytes: int, chunk: int = 1 << 20) -> bytes:
+    """Run an lz4/zstd streaming decompressor a chunk at a time, stopping past ``max_bytes``
+    (their ``max_length`` allocates its whole size up front, so it cannot be the bound itself)."""
+    out = bytearray(d.decompress(body, max_length=chunk))
+    while not d.eof and not d.needs_input and len(out) <= max_bytes:
+        out += d.decompress(b"", max_length=chunk)
+    return bytes(out)
+
+
+def decompress(body: bytes, encoding: str, *, max_bytes: int = 1 << 62) -> bytes:
+    """Undo a Content-Encoding clickhouse-connect or curl may use; BadRequest past ``max_bytes``
+    inflated (so a small compressed bomb cannot fill memory).
 
     NOTE: aiohttp already inflates some encodings (gzip, deflate, and zstd where available)
     while reading the body; a body without the format's magic bytes is taken as inflated.
@@ -79,23 +152,30 @@ def decompress(body: bytes, encoding: str) -> bytes:
     if enc in ("", "identity", "none"):
         return body
     if enc not in (*_MAGIC, "deflate"):
-        raise ValueError(f"unsupported Content-Encoding {encoding!r} (use gzip, deflate, lz4 or zstd)")
+        raise BadRequest(f"unsupported Content-Encoding {encoding!r} (use gzip, deflate, lz4 or zstd)")
     if enc in _MAGIC and not body.startswith(_MAGIC[enc]):
         return body
-    if enc == "gzip":
-        return gzip.decompress(body)
-    if enc == "deflate":
-        try:
-            return zlib.decompress(body)
-        except zlib.error:
+    try:
+        if enc in ("gzip", "deflate"):
+            d = zlib.decompressobj(wbits=31 if enc == "gzip" else 15)
+            out = d.decompress(body, max_bytes + 1)
+        elif enc == "lz4":
+            import lz4.frame
+
+            out = _inflate(lz4.frame.LZ4FrameDecompressor(), body, max_bytes)
+        else:
+            from backports import zstd
+
+            out = _inflate(zstd.ZstdDecompressor(), body, max_bytes)
+    except zlib.error:
+        if enc == "deflate":
             return body
-    if enc == "lz4":
-        import lz4.frame
-
-        return lz4.frame.decompress(body)
-    from backports import zstd
-
-    return zstd.decompress(body)
+        raise BadRequest("body is not valid gzip") from None
+    except Exception as exc:  # the lz4/zstd bindings raise their own error types
+        raise BadRequest(f"body is not valid {enc}: {exc}") from exc
+    if len(out) > max_bytes:
+        raise BadRequest(f"body inflates to more than {max_bytes} bytes (SqlLimits.max_body_bytes)")
+    return out
 
 
 def parse_request(query: dict[str, str], body: bytes) -> SqlRequest:
@@ -107,23 +187,30 @@ def parse_request(query: dict[str, str], body: bytes) -> SqlRequest:
     settings = {k: v for k, v in query.items() if k not in TRANSPORT_PARAMS and not k.startswith("param_")}
     for k in settings:
         if not _SETTING.match(k):
-            raise ValueError(f"bad setting name {k!r}")
+            raise BadRequest(f"bad setting name {k!r}")
     database = query.get("database") or None
     if database is not None and not _SETTING.match(database):
-        raise ValueError(f"bad database name {database!r}")
+        raise BadRequest(f"bad database name {database!r}")
     fmt = query.get("default_format") or "TabSeparated"
     insert_fmt = _TRAILING_FORMAT.search(url_sql)
     if url_sql and body and _INSERT.match(url_sql) and insert_fmt:
         return SqlRequest(url_sql, fmt, database, params, settings, body, insert_fmt.group(1))
     inline = None if url_sql else _BODY_INSERT.match(body)
-    if inline:
-        head = body[: inline.end()].decode("utf-8").rstrip()
-        return SqlRequest(head, fmt, database, params, settings, body[inline.end():], inline.group(1).decode())
-    text = body.decode("utf-8", errors="strict") if body else ""
+    try:
+        if inline:
+            head = body[: inline.end()].decode("utf-8").rstrip()
+            return SqlRequest(head, fmt, database, params, settings, body[inline.end():], inline.group(1).decode())
+        text = body.decode("utf-8", errors="strict") if body else ""
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the query is not UTF-8: {exc}") from exc
     sql = f"{url_sql}\n{text}" if url_sql and text else (url_sql or text)
     if not sql.strip():
-        raise ValueError("empty query: pass ?query=... or the query in the body")
+        raise BadRequest("empty query: pass ?query=... or the query in the body")
     return SqlRequest(sql, fmt, database, params, settings)
+
+
+def _params(req: SqlRequest) -> dict[str, Any]:
+    return {"params": req.params} if req.params else {}
 
 
 def _quote(value: str) -> str:
@@ -133,23 +220,40 @@ def _quote(value: str) -> str:
 class Engine:
     """Runs SqlRequests on fresh chdb handles (blocking: call from a worker thread)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, limits: SqlLimits | None = None) -> None:
         self.path = str(path)
+        self.limits = limits or SqlLimits()
 
-    def run(self, req: SqlRequest) -> tuple[bytes, str, dict[str, Any]]:
+    def _limit_settings(self) -> str:
+        lim = self.limits
+        return (f"SET max_execution_time = {lim.max_execution_time_s:g}, max_result_rows = {lim.max_result_rows}, "
+                f"max_result_bytes = {lim.max_result_bytes}, result_overflow_mode = 'throw', "
+                f"max_memory_usage = {lim.max_memory_bytes}")
+
+    def run(self, req: SqlRequest, *, writer: bool = False) -> tuple[bytes, str, dict[str, Any]]:
+        """Run one request; SqlRefused for a statement this role may not run (nothing ran)."""
         import chdb
 
+        statement = sqlguard.scan(req.sql)  # one statement, no host files: before chdb sees any of it
         conn = chdb.connect(self.path)
         try:
             if req.database:
                 conn.query(f"USE `{req.database}`", "TabSeparated")
             if req.settings:
                 conn.query("SET " + ", ".join(f"{k} = {_quote(v)}" for k, v in req.settings.items()), "TabSeparated")
+            # After the client's settings, so its own values cannot raise the limits or lift readonly.
+            conn.query(self._limit_settings(), "TabSeparated")
+            if not writer:
+                conn.query("SET readonly = 1", "TabSeparated")
+            # Parsed only (a syntax error is ClickHouse's own message); judged before it runs.
+            ast = conn.query(f"EXPLAIN AST {statement.text}", "TabSeparatedRaw", **_params(req))
+            sqlguard.check_keyword(statement, writer=writer)
+            sqlguard.check_ast(ast.bytes().decode("utf-8", "replace"), writer=writer)
             if req.insert_data is not None:
                 return self._insert(conn, req)
             m = _TRAILING_FORMAT.search(req.sql)
             fmt = m.group(1) if m else req.default_format
-            res = conn.query(req.sql, fmt, params=req.params) if req.params else conn.query(req.sql, fmt)
+            res = conn.query(statement.text, fmt, **_params(req))
             data = res.bytes() or b""
             return data, fmt, self._summary(res, len(data))
         finally:
@@ -163,7 +267,7 @@ class Engine:
                 f.write(req.insert_data)
             head = _TRAILING_FORMAT.sub("", req.sql).rstrip()
             sql = f"{head} FROM INFILE {_quote(tmp)} FORMAT {req.insert_format}"
-            res = conn.query(sql, "TabSeparated", params=req.params) if req.params else conn.query(sql, "TabSeparated")
+            res = conn.query(sql, "TabSeparated", **_params(req))
             return b"", req.insert_format, self._summary(res, 0)
         finally:
             os.unlink(tmp)
@@ -188,11 +292,15 @@ class Engine:
 class SqlServer:
     """aiohttp app serving an Engine; ``await start()`` returns the bound port."""
 
-    def __init__(self, path: Path, *, host: str = "127.0.0.1", port: int = 0, threads: int = 2) -> None:
-        self.engine = Engine(path)
+    def __init__(self, path: Path, *, host: str = "127.0.0.1", port: int = 0, limits: SqlLimits | None = None,
+                 writer: Writer | None = None) -> None:
+        self.limits = limits or SqlLimits()
+        self.engine = Engine(path, self.limits)
         self.host = host
         self.port = port
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dart-sql")
+        self.writer = writer
+        self._pool = ThreadPoolExecutor(max_workers=self.limits.max_concurrent, thread_name_prefix="dart-sql")
+        self._slots = asyncio.Semaphore(self.limits.max_concurrent)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -200,11 +308,13 @@ class SqlServer:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> int:
-        app = web.Application(client_max_size=1024**3)
+        app = web.Application(client_max_size=self.limits.max_body_bytes)
         app.router.add_route("GET", "/ping", self._ping)
         app.router.add_route("HEAD", "/ping", self._ping)
         app.router.add_route("*", "/", self._query)
-        self._runner = web.AppRunner(app, access_log=None)
+        # lingering_time: after refusing an oversized body, drain it for at most a second
+        # (aiohttp's default is 10 s per connection), then drop the connection.
+        self._runner = web.AppRunner(app, access_log=None, lingering_time=1.0)
         await self._runner.setup()
         # Bind the socket here so port 0 tells us which port it got.
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -212,7 +322,8 @@ class SqlServer:
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         await web.SockSite(self._runner, sock).start()
-        log.info("SQL over HTTP at %s (ClickHouse protocol; try: dart sql --url %s 'SELECT 1')", self.url, self.url)
+        log.info("SQL over HTTP at %s (ClickHouse protocol, read-only for analytics clients%s; try: dart sql --url %s "
+                 "'SELECT 1')", self.url, ", writer enabled" if self.writer else "", self.url)
         return self.port
 
     async def stop(self) -> None:
@@ -228,15 +339,51 @@ class SqlServer:
         headers = {"X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Timezone": "UTC",
                    "X-ClickHouse-Server-Display-Name": "dart-chdb"}
         log.debug("%s %s encoding=%s", request.method, dict(request.query), request.headers.get("Content-Encoding"))
+        max_body = self.limits.max_body_bytes
         try:
-            body = decompress(await request.read(), request.headers.get("Content-Encoding", ""))
+            writer = role_of(*credentials(request.headers, request.query), self.writer)
+        except Unauthorized as exc:
+            return self._error(f"Code: 516. DB::Exception: {exc}. (AUTHENTICATION_FAILED)", headers, status=401)
+        if request.content_length is not None and request.content_length > max_body:
+            # Close the connection rather than read the body to its end to keep it alive.
+            headers["Connection"] = "close"
+            return self._error(f"Code: 307. DB::Exception: request body of {request.content_length} bytes is over the "
+                               f"limit of {max_body} (SqlLimits.max_body_bytes). (TOO_MANY_BYTES)", headers, status=413)
+        try:
+            body = decompress(await request.read(), request.headers.get("Content-Encoding", ""), max_bytes=max_body)
             req = parse_request(dict(request.query), body)
-        except (ValueError, OSError, RuntimeError) as exc:
+        except web.HTTPRequestEntityTooLarge:
+            return self._error(f"Code: 307. DB::Exception: request body is over the limit of {max_body} bytes "
+                               "(SqlLimits.max_body_bytes). (TOO_MANY_BYTES)", headers, status=413)
+        except (DartError, OSError) as exc:
             return self._error(f"Code: 27. DB::Exception: bad request: {exc}", headers, status=400)
+        protected = sorted(PROTECTED_SETTINGS & set(req.settings))
+        if protected and not writer:
+            refused = sqlguard.SqlRefused("read-only", f"setting {protected[0]} cannot be changed by an analytics "
+                                          "client")
+            return self._error(refused.clickhouse_text(), headers, status=403)
         try:
-            data, fmt, summary = await asyncio.get_running_loop().run_in_executor(self._pool, self.engine.run, req)
+            await asyncio.wait_for(self._slots.acquire(), self.limits.queue_timeout_s)
+        except TimeoutError:
+            return self._error(f"Code: 202. DB::Exception: {self.limits.max_concurrent} queries are running "
+                               "(SqlLimits.max_concurrent); retry later. (TOO_MANY_SIMULTANEOUS_QUERIES)", headers,
+                               status=503)
+        try:
+            run = functools.partial(self.engine.run, req, writer=writer)
+            data, fmt, summary = await asyncio.get_running_loop().run_in_executor(self._pool, run)
+        except sqlguard.SqlRefused as exc:
+            log.info("refused %s: %s", query_id, exc)
+            return self._error(exc.clickhouse_text(), headers, status=403)
+        except sqlguard.BadSql as exc:
+            return self._error(f"Code: 62. DB::Exception: {exc}. (SYNTAX_ERROR)", headers, status=400)
         except Exception as exc:  # chdb raises its own error type; report it the ClickHouse way
+            m = _CODE.search(str(exc))
+            if m and m.group(1) in _REFUSED_CODES:  # refused by chdb itself (readonly = 1), not failed
+                return self._error(f"{str(exc).rstrip()} (rule: read-only, enforced by chdb's readonly = 1)",
+                                   headers, status=403)
             return self._error(str(exc), headers)
+        finally:
+            self._slots.release()
         headers.update({"X-ClickHouse-Format": fmt, "X-ClickHouse-Summary": json.dumps(summary)})
         ctype = "text/plain; charset=UTF-8" if fmt.startswith(("TabSeparated", "TSV", "CSV", "JSON", "Pretty")) \
             else "application/octet-stream"
@@ -249,4 +396,3 @@ class SqlServer:
         text = message if message.startswith("Code:") else f"Code: {code}. DB::Exception: {message}"
         return web.Response(status=status, text=text.rstrip() + "\n",
                             headers={**headers, "X-ClickHouse-Exception-Code": code})
-

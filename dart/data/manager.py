@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -23,7 +24,7 @@ from dart.data.batcher import build_manifest, plan_batch
 from dart.data.config import DataConfig
 from dart.data.coupled import RoundPlan, plan_round
 from dart.data.decide import batch_inputs, round_inputs, schedule_inputs
-from dart.data.http import SqlServer
+from dart.data.http import SqlServer, Writer
 from dart.data.scheduler import Plan, PlannedRequest, plan_requests
 from dart.data.store import AsyncStore, Store, http_file
 from dart.events import BatchAssembled, RolloutRequested, Sampling
@@ -207,7 +208,10 @@ class DataManager:
         target = self.store.store.target
         if not self.cfg.http.enabled or target.kind != "chdb" or target.path is None:
             return
-        self.sql = SqlServer(target.path, host=self.cfg.http.host, port=self.cfg.http.port)
+        http = self.cfg.http
+        password = os.environ.get(http.writer_password_env)
+        self.sql = SqlServer(target.path, host=http.host, port=http.port, limits=http.limits,
+                             writer=Writer(http.writer_user, password) if password else None)
         port = await self.sql.start()
         marker = http_file(target.path)
         marker.write_text(self.sql.url + "\n")

@@ -96,7 +96,7 @@ class Store:
     @classmethod
     def open(cls, cfg: StoreConfig) -> Store:
         target = parse_dsn(cfg.dsn)
-        client = _client(target, cfg.username, os.environ.get(cfg.password_env, ""))
+        client = _client(target, cfg.username, cfg.password)
         return cls(client, cfg.database, target)
 
     @classmethod

@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from dart.blobs import BlobStore
-from dart.bus import BusConfig, Producer, ReplyInbox, read_topic
+from dart.bus import BusConfig, Producer, ReplyInbox, dead_letter, read_topic
 from dart.env.backend import EnvBackend
 from dart.env.backends import backends_for
 from dart.env.catalogue import TaskCatalogue
@@ -45,7 +45,6 @@ from dart.env.slots import OffsetWatermark, SlotClock, next_attempt, trajectory_
 from dart.env.tasks import load_tasks
 from dart.errors import BusError, DecodeError
 from dart.events import (
-    DeadLetter,
     RewardAssigned,
     RolloutRequested,
     TaskRegistered,
@@ -130,12 +129,12 @@ class EnvWorker:
         # request is taken that no environment could serve yet.
         await self.backends.start()
         await self.inbox.start()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bus.bootstrap, group_id=self.cfg.group_name, client_id=self.worker_id,
+        self._consumer = AIOKafkaConsumer(**self.bus.aiokafka(
+            group_id=self.cfg.group_name, client_id=self.worker_id,
             enable_auto_commit=False, auto_offset_reset="earliest",
             session_timeout_ms=self.bus.session_timeout_ms, heartbeat_interval_ms=self.bus.heartbeat_interval_ms,
             fetch_max_wait_ms=self.bus.fetch_max_wait_ms, max_partition_fetch_bytes=self.bus.max_message_bytes,
-        )
+        ))
         self._consumer.subscribe([self.bus.topics.requests], listener=_Rebalance(self))
         await self._consumer.start()
 
@@ -345,11 +344,9 @@ class EnvWorker:
         await self.producer.send(event, **kw)
 
     async def _dead_letter(self, rec: Any, exc: Exception) -> None:
-        await self._send(DeadLetter.new(
-            run_id=self.cfg.run_id, producer=self.worker_id, source_topic=rec.topic, partition=rec.partition,
-            offset=rec.offset, key=rec.key, value=rec.value or b"", stage="decode", error_type=type(exc).__name__,
-            error=str(exc)[:4000], consumer_group=self.cfg.group_name,
-        ), topic=self.bus.topics.dlq)
+        await self._send(dead_letter(rec, run_id=self.cfg.run_id, producer=self.worker_id, group=self.cfg.group_name,
+                                     stage="decode", exc=exc, max_value_bytes=self.bus.max_message_bytes // 2),
+                         topic=self.bus.topics.dlq)
 
 
 async def _first_to_end(tasks: list[asyncio.Task[Any]], stopper: asyncio.Task[Any]) -> None:

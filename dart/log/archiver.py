@@ -171,8 +171,7 @@ class Archiver:
         """Archive until ``stop()``; with ``until_caught_up``, until every partition's end was
         reached and written (``dart log export``). Returns records archived per topic."""
         self._load_positions()
-        consumer = _KafkaConsumer({
-            "bootstrap.servers": self.bus.bootstrap,
+        consumer = _KafkaConsumer(self.bus.librdkafka(**{
             # A group id is required by the client; positions come from the archive, never from it.
             "group.id": f"{self.bus.prefix}-archiver",
             "enable.auto.commit": False,
@@ -181,7 +180,7 @@ class Archiver:
             "fetch.wait.max.ms": 100,
             "fetch.message.max.bytes": self.bus.max_message_bytes,
             "logger": logging.getLogger("dart.bus.rdkafka"),
-        })
+        }))
         at_end: set[tuple[str, int]] = set()
         per_topic: dict[str, int] = {}
         next_meta = next_groups = 0.0
@@ -358,7 +357,7 @@ def committed_offsets(bus: BusConfig, timeout_s: float = 5.0) -> dict[str, dict[
     from confluent_kafka import ConsumerGroupTopicPartitions
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bus.bootstrap, "logger": logging.getLogger("dart.bus.rdkafka")})
+    admin = AdminClient(bus.librdkafka(logger=logging.getLogger("dart.bus.rdkafka")))
     listing = admin.list_consumer_groups(request_timeout=timeout_s).result(timeout=timeout_s)
     out: dict[str, dict[str, dict[str, int]]] = {}
     for g in listing.valid:

@@ -47,9 +47,9 @@ def end_offsets(bus: BusConfig, partitions: list[tuple[str, int]], timeout_s: fl
     "latest" answer is not reliable; the end-of-partition event is)."""
     if not partitions:
         return {}
-    c = _KafkaConsumer({"bootstrap.servers": bus.bootstrap, "group.id": f"{bus.prefix}-probe",
-                        "enable.auto.commit": False, "enable.partition.eof": True,
-                        "logger": logging.getLogger("dart.bus.rdkafka")})
+    c = _KafkaConsumer(bus.librdkafka(**{"group.id": f"{bus.prefix}-probe", "enable.auto.commit": False,
+                                         "enable.partition.eof": True,
+                                         "logger": logging.getLogger("dart.bus.rdkafka")}))
     try:
         c.assign([TopicPartition(t, p, 0) for t, p in partitions])
         ends: dict[tuple[str, int], int] = {}
@@ -95,11 +95,11 @@ def import_archive(log_dir: Path, bus: BusConfig, *, force: bool = False,
         (t, p), n = next(iter(sorted(busy.items())))
         raise ArchiveError(f"{t}[{p}] already holds {n} records on {bus.bootstrap}: import into a fresh broker, "
                            f"or pass --force to append (offsets then differ from the archive)")
-    producer = _KafkaProducer({
-        "bootstrap.servers": bus.bootstrap, "enable.idempotence": True, "acks": "all",
+    producer = _KafkaProducer(bus.librdkafka(**{
+        "enable.idempotence": True, "acks": "all",
         "linger.ms": 5, "batch.num.messages": 10_000, "message.max.bytes": bus.max_message_bytes,
         "queue.buffering.max.messages": 200_000, "logger": logging.getLogger("dart.bus.rdkafka"),
-    })
+    }))
     mismatches: list[str] = []
     failures: list[str] = []
     lock = threading.Lock()
@@ -171,8 +171,8 @@ def restore_groups(log_dir: Path, bus: BusConfig, *, ends: dict[tuple[str, int],
                 offsets.append(TopicPartition(topic, int(part), min(int(offset), end)))
         if not offsets:
             continue
-        c = _KafkaConsumer({"bootstrap.servers": bus.bootstrap, "group.id": group, "enable.auto.commit": False,
-                            "logger": logging.getLogger("dart.bus.rdkafka")})
+        c = _KafkaConsumer(bus.librdkafka(**{"group.id": group, "enable.auto.commit": False,
+                                             "logger": logging.getLogger("dart.bus.rdkafka")}))
         try:
             c.commit(offsets=offsets, asynchronous=False)
         finally:

@@ -6,7 +6,7 @@ Layout under ``checkpoint_dir``::
         model.safetensors   full HF state_dict (also the published weights blob)
         config.json         HF model config
         optimizer.pt        torch engine: AdamW state   | deepspeed/  (DeepSpeed engine state)
-        rng.pt              python, numpy, torch (and CUDA) RNG states
+        rng.pt              python, numpy, torch (and CUDA) RNG states (tensors and numbers only)
         state.json          TrainState: step, version, last consumed batch (seq, batch_id)
     latest                  name of the newest checkpoint (for people; the loader trusts the dirs)
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -35,6 +36,7 @@ from dart.errors import DecodeError
 
 STATE_FILE = "state.json"
 RNG_FILE = "rng.pt"
+RNG_FORMAT = "dart.rng.v2"
 STATE_FORMAT = "dart.trainer.v1"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
@@ -76,17 +78,36 @@ class TrainState:
 
 
 def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
-                             "torch": torch.get_rng_state()}
+    """Every RNG the trainer draws from, as tensors, numbers and lists only.
+
+    NOTE: no numpy arrays or other objects: ``rng.pt`` is loaded with ``weights_only=True``, so a
+    crafted checkpoint can hold data but never a callable that unpickling would run.
+    """
+    version, internal, gauss_next = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "format": RNG_FORMAT,
+        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss_next": gauss_next},
+        "numpy": {"name": name, "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    try:
+        if state.get("format") != RNG_FORMAT:
+            raise ValueError(f"format is not {RNG_FORMAT}")
+        py, npy = state["python"], state["numpy"]
+        random.setstate((int(py["version"]), tuple(int(x) for x in py["state"].tolist()), py["gauss_next"]))
+        np.random.set_state((str(npy["name"]), npy["keys"].numpy().astype(np.uint32), int(npy["pos"]),
+                             int(npy["has_gauss"]), float(npy["cached_gaussian"])))
+        torch.set_rng_state(state["torch"])
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        raise DecodeError(f"not a dart RNG state: {exc}") from exc
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -149,4 +170,15 @@ def commit_checkpoint(root: Path, state: TrainState, write: Any, *, keep: int) -
 
 
 def load_rng(checkpoint: Path) -> None:
-    restore_rng(torch.load(checkpoint / RNG_FILE, weights_only=False))
+    """Restore the RNGs saved in ``checkpoint``. A file that is not plain tensors and numbers
+    (an older checkpoint's pickled numpy state, or a crafted pickle) is a DecodeError: the
+    unpickler refuses it before any of it runs."""
+    path = checkpoint / RNG_FILE
+    try:
+        state = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise DecodeError(f"{path}: refused to unpickle (only tensors and numbers are allowed; a checkpoint "
+                          f"written before {RNG_FORMAT} cannot be resumed exactly): {exc}") from exc
+    if not isinstance(state, dict):
+        raise DecodeError(f"{path}: not a dart RNG state (got {type(state).__name__})")
+    restore_rng(state)

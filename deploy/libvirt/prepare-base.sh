@@ -9,7 +9,8 @@
 # 4. checks xdotool in the guest (typed actions on a stock OSWorld server go through it) and
 #    installs it with --install-xdotool (needs guest network; uses the image's sudo password);
 # 5. with --dart-wheel W: installs dart in the guest and autostarts `dart guest-agent` on
-#    port $DART_PORT (typed /action endpoint; set agent_port to it in the pool config);
+#    port $DART_PORT (typed /action endpoint; set agent_port to it in the pool config), bound
+#    to the guest NIC and wanting the per-VM token the pool hands over through fw_cfg;
 # 6. shuts the guest down cleanly (ACPI), removes the temporary domain, makes the base read-only.
 #
 # The pool takes each VM's clean memory+disk snapshot itself, in the VM's own overlay, the
@@ -78,6 +79,10 @@ run() {  # run an argv (JSON list) in the guest, print its output, return its ex
   python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(r.get("output","")+r.get("error","")); sys.exit(int(r.get("returncode",1)))' "$out"
 }
 
+run_bash() {  # run a bash script in the guest; $2.. become its $1..
+  run "$(python3 -c 'import json, sys; print(json.dumps(["bash", "-c", sys.argv[1], "bash", *sys.argv[2:]]))' "$@")"
+}
+
 if ! run '["xdotool", "version"]'; then
   if (( INSTALL_XDOTOOL )); then
     echo "== installing xdotool in the guest"
@@ -92,7 +97,20 @@ if [[ -n $DART_WHEEL ]]; then
   W=/tmp/$(basename "$DART_WHEEL")
   curl -fsS -F "file_path=$W" -F "file_data=@$DART_WHEEL" "$AGENT/setup/upload" >/dev/null
   run "[\"python3\", \"-m\", \"pip\", \"install\", \"--user\", \"$W\"]"
-  run "[\"bash\", \"-c\", \"mkdir -p ~/.config/autostart && printf '[Desktop Entry]\\nType=Application\\nName=dart guest agent\\nExec=%s/.local/bin/dart guest-agent --host 0.0.0.0 --port $DART_PORT --display :0\\n' \\\"\$HOME\\\" > ~/.config/autostart/dart-guest-agent.desktop\"]"
+  # The pool puts a fresh token per VM into QEMU's firmware config (domain.xml.tmpl); only
+  # root can read it there, so a boot-time unit copies it to /run for the desktop user, and the
+  # agent reads it from that file and binds only the NIC address the env worker reaches.
+  read -r -d '' UNIT <<'UNIT' || true
+[Unit]
+Description=dart guest-agent token from QEMU fw_cfg
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c 'modprobe qemu_fw_cfg; install -m 0400 -o "$$(id -un 1000)" /sys/firmware/qemu_fw_cfg/by_name/opt/dart/agent_token/raw /run/dart-agent-token'
+[Install]
+WantedBy=multi-user.target
+UNIT
+  run_bash "printf '%s\n' \"\$1\" > /tmp/dart-agent-token.service && echo '$SUDO_PASSWORD' | sudo -S install -m 0644 /tmp/dart-agent-token.service /etc/systemd/system/ && echo '$SUDO_PASSWORD' | sudo -S systemctl enable dart-agent-token.service" "$UNIT"
+  run_bash "mkdir -p ~/.config/autostart && printf '[Desktop Entry]\nType=Application\nName=dart guest agent\nExec=%s/.local/bin/dart guest-agent --host nic --token-file /run/dart-agent-token --port $DART_PORT --display :0\n' \"\$HOME\" > ~/.config/autostart/dart-guest-agent.desktop"
 fi
 
 echo "== shutting the guest down"

@@ -23,7 +23,7 @@ from dart.agent.actions import (
 from dart.agent.uitars import Frame, parse_actions, parse_response, render_action, render_response
 from dart.agent.uitars import _parse_response as parse_strict  # the parser without its safety net
 
-FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # examples: the profile (tests/conftest.py)
 SCREENS = st.sampled_from([(1920, 1080), (1280, 720), (1366, 768), (800, 600), (3840, 2160), (640, 1136)])
 CONVENTIONS = st.sampled_from(["qwen25vl", "qwen2vl"])
 

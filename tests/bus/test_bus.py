@@ -253,3 +253,30 @@ def _wait_for(cond, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.05)
+
+
+async def test_a_too_large_record_is_refused_at_produce_time_with_the_setting_to_change(bus: BusConfig):
+    small = dataclasses.replace(bus, max_message_bytes=4096)
+    producer = Producer(small)
+    try:
+        with pytest.raises(BusError, match=r"over bus.max_message_bytes \(4096\).*blob store"):
+            await producer.send_raw(b"x" * 5000, bus.topics.heartbeats)
+        with pytest.raises(BusError, match="max_message_bytes"):
+            producer.send_nowait(dataclasses.replace(heartbeat(0), info={"blob": "y" * 5000}))
+        await producer.send(heartbeat(1))  # the producer still works
+    finally:
+        producer.close()
+
+
+def test_a_dead_letter_keeps_at_most_its_budget_of_the_original_bytes():
+    from types import SimpleNamespace
+
+    from dart.bus import dead_letter
+
+    rec = SimpleNamespace(value=b"z" * 100, key=b"k", topic="t", partition=1, offset=7)
+    letter = dead_letter(rec, run_id="r", producer="p", group="g", stage="decode", exc=ValueError("bad"),
+                         max_value_bytes=10)
+    assert letter.value == b"z" * 10 and "cut from 100 to 10 bytes" in letter.error and letter.offset == 7
+    whole = dead_letter(rec, run_id="r", producer="p", group="g", stage="decode", exc=ValueError("bad"),
+                        max_value_bytes=1000)
+    assert whole.value == rec.value and whole.error == "bad"

@@ -7,10 +7,11 @@ import gzip
 import aiohttp
 import pytest
 
-from dart.data.http import SqlServer, decompress, parse_request, split_format
+from dart.data.http import SqlServer, Writer, decompress, parse_request, split_format
 from dart.data.store import Store
 
 pytestmark = pytest.mark.clickhouse
+WRITER = Writer("dart_writer", "writer-password")
 
 
 def test_parse_request_follows_clickhouse_semantics() -> None:
@@ -37,7 +38,7 @@ def test_parse_request_follows_clickhouse_semantics() -> None:
 
 
 async def test_ping_query_insert_and_errors_over_http(store: Store, chdb_path) -> None:
-    server = SqlServer(chdb_path)
+    server = SqlServer(chdb_path, writer=WRITER)
     port = await server.start()
     url = f"http://127.0.0.1:{port}/"
     db = store.database
@@ -47,7 +48,8 @@ async def test_ping_query_insert_and_errors_over_http(store: Store, chdb_path) -
                 assert r.status == 200 and await r.text() == "Ok.\n"
             body = gzip.compress(b"7\tseven\n8\teight\n")
             async with http.post(url, params={"query": "INSERT INTO schema_version (version, name) FORMAT TSV",
-                                              "database": db}, data=body, headers={"Content-Encoding": "gzip"}) as r:
+                                              "database": db}, data=body, auth=aiohttp.BasicAuth("dart_writer", "writer-password"),
+                                 headers={"Content-Encoding": "gzip"}) as r:
                 assert r.status == 200, await r.text()
             async with http.post(url, params={"database": db, "param_v": "7"},
                                  data=b"SELECT name FROM schema_version WHERE version >= {v:UInt32} ORDER BY version") as r:
@@ -80,19 +82,22 @@ async def test_clickhouse_connect_queries_and_inserts_through_the_endpoint(store
 
     import clickhouse_connect
 
-    server = SqlServer(chdb_path)
+    server = SqlServer(chdb_path, writer=WRITER)
     port = await server.start()
 
     def session() -> tuple:
         results = []
         for compress in (False, "lz4", "zstd", "gzip"):
-            c = clickhouse_connect.get_client(host="127.0.0.1", port=port, database=store.database, compress=compress)
+            c = clickhouse_connect.get_client(host="127.0.0.1", port=port, database=store.database, compress=compress,
+                                              username=WRITER.user, password=WRITER.password)
             v = len(results) + 10
             # bytes that are not UTF-8 in the Native body
             c.insert("schema_version", [[v, f"via {compress}".encode() + b"\xff"]], column_names=["version", "name"])
-            results.append(c.query("SELECT replaceAll(name, '\\xFF', '') AS n FROM schema_version WHERE version = {v:UInt32}",
-                                   parameters={"v": v}).result_rows)
             c.close()
+            reader = clickhouse_connect.get_client(host="127.0.0.1", port=port, database=store.database, compress=compress)
+            results.append(reader.query("SELECT replaceAll(name, '\\xFF', '') AS n FROM schema_version WHERE version = {v:UInt32}",
+                                        parameters={"v": v}).result_rows)
+            reader.close()
         return tuple(results)
 
     try:

@@ -253,3 +253,25 @@ async def test_a_sigkilled_worker_process_loses_no_request(bus, blobs, kit, tmp_
     assert not [t for t in trajs if t.env_worker == "env-proc"]  # it died before finishing any
     assert {r.rollout_id for r in rewards} == done
     producer.close()
+
+
+async def test_undecodable_requests_go_to_the_dlq_with_the_reason_and_the_worker_goes_on(bus, blobs, kit):
+    bus = kit.fast_bus(bus)
+    tasks = generate_tasks(1, preset="tiny", seed=3)
+    producer = Producer(bus, client_id="test")
+    await kit.register_tasks(bus, producer, tasks, "synthetic")
+    worker = _worker(bus, blobs, slots=1)
+    async with kit.OracleResponder(bus, {t["id"]: oracle_plan(t) for t in tasks}):
+        run = await _start(worker)
+        for poison in (b"\xc3\x01" + bytes(8) + b"not a request", b"\x00" * 3, b"{\"json\": true}"):
+            await producer.send_raw(poison, bus.topics.requests, b"poison")
+        good = kit.request(tasks[0]["id"], max_steps=20)
+        await producer.send(good)
+        trajs, _ = await kit.results(bus, lambda ts: len(ts) >= 1)
+        await _stop(run)
+    assert [t.rollout_id for t in trajs] == [f"{good.request_id}.0"]
+    letters = [d.event async for d in read_topic(bus, bus.topics.dlq, idle_timeout_s=1.0)]
+    assert len(letters) == 3
+    assert {(lt.stage, lt.error_type, lt.source_topic) for lt in letters} == {("decode", "DecodeError", bus.topics.requests)}
+    assert all(lt.error and lt.key == b"poison" for lt in letters)
+    producer.close()

@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.vm, pytest.mark.xdesktop,
                                  reason="needs Xvfb and xdotool (apt-get install xvfb xdotool)")]
 
 W, H = 800, 600
+TOKEN = "test-token-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,8 @@ async def agent(tmp_path_factory) -> AsyncIterator[tuple[AgentClient, str]]:
                        wm="openbox" if shutil.which("openbox") else "")
     await display.start()
     port = free_port()
-    proc = await asyncio.to_thread(start_agent, display.display, port)
-    client = AgentClient(f"http://127.0.0.1:{port}", timeout_s=20)
+    proc = await asyncio.to_thread(start_agent, display.display, port, token=TOKEN)
+    client = AgentClient(f"http://127.0.0.1:{port}", token=TOKEN, timeout_s=20)
     try:
         yield client, display.display
     finally:
@@ -39,9 +40,34 @@ async def agent(tmp_path_factory) -> AsyncIterator[tuple[AgentClient, str]]:
         await display.close()
 
 
-async def post_raw(client: AgentClient, path: str, **kw) -> tuple[int, dict]:
-    async with aiohttp.ClientSession() as s, s.post(client.base_url + path, **kw) as resp:
+async def post_raw(client: AgentClient, path: str, *, token: str | None = TOKEN, **kw) -> tuple[int, dict]:
+    headers = {"X-Dart-Agent-Token": token} if token is not None else {}
+    async with aiohttp.ClientSession(headers=headers) as s, s.post(client.base_url + path, **kw) as resp:
         return resp.status, await resp.json(content_type=None)
+
+
+async def test_requests_without_the_right_token_get_401_and_run_nothing(agent, tmp_path):
+    client, _ = agent
+    marker = tmp_path / "ran"
+    for token in (None, "", "wrong-token-0123456789abcdef", TOKEN[:-1], TOKEN + "x"):
+        status, body = await post_raw(client, "/execute", token=token, json={"command": ["touch", str(marker)]})
+        assert status == 401 and "X-Dart-Agent-Token" in body["error"], token
+        status, _ = await post_raw(client, "/setup/upload", token=token, data={"file_path": str(marker), "file_data": b"x"})
+        assert status == 401
+        status, _ = await post_raw(client, "/action", token=token, json={"kind": "click", "x": 1, "y": 1})
+        assert status == 401
+    async with aiohttp.ClientSession() as s:
+        for path in ("/screenshot", "/cursor_position", "/platform"):
+            async with s.get(client.base_url + path) as r:
+                assert r.status == 401, path
+        async with s.get(client.base_url + "/health") as r:  # liveness stays open
+            assert r.status == 200
+    assert not marker.exists()
+    with pytest.raises(EnvError, match="401"):
+        await AgentClient(client.base_url, token="wrong-token-0123456789abcdef").screenshot()
+    # the same request with the token runs
+    status, body = await post_raw(client, "/execute", json={"command": ["touch", str(marker)]})
+    assert (status, body["returncode"]) == (200, 0) and marker.exists()
 
 
 async def test_agent_reports_platform_size_and_a_png_screenshot(agent):
@@ -82,7 +108,8 @@ async def test_upload_then_file_returns_the_same_bytes_and_404_when_missing(agen
     await client.upload(str(target), payload)
     assert target.read_bytes() == payload
     assert await client.read_file(str(target)) == payload
-    async with aiohttp.ClientSession() as s, s.post(client.base_url + "/file", json={"file_path": str(target)}) as r:
+    async with aiohttp.ClientSession(headers={"X-Dart-Agent-Token": TOKEN}) as s, \
+            s.post(client.base_url + "/file", json={"file_path": str(target)}) as r:
         assert (r.status, await r.read()) == (200, payload)  # the JSON form of the request works too
     with pytest.raises(FileNotFoundError):
         await client.read_file(str(tmp_path / "missing.txt"))
@@ -93,10 +120,12 @@ async def test_typed_actions_become_input_events_on_the_display(agent):
     await client.act(Click(x=123, y=321))
     status, body = await post_raw(client, "/action", json={"kind": "wait"})
     assert (status, body["status"]) == (200, "noop")
-    async with aiohttp.ClientSession() as s, s.get(client.base_url + "/cursor_position") as resp:
+    async with aiohttp.ClientSession(headers={"X-Dart-Agent-Token": TOKEN}) as s, \
+            s.get(client.base_url + "/cursor_position") as resp:
         assert await resp.json() == [123, 321]
     await client.act(Drag(x=10, y=10, end_x=5000, end_y=40))  # clamped to the screen
-    async with aiohttp.ClientSession() as s, s.get(client.base_url + "/cursor_position") as resp:
+    async with aiohttp.ClientSession(headers={"X-Dart-Agent-Token": TOKEN}) as s, \
+            s.get(client.base_url + "/cursor_position") as resp:
         assert await resp.json() == [W - 1, 40]
     await client.act(Scroll(x=50, y=60, direction="down"))
     await client.act(Type(content="abc"))

@@ -219,11 +219,12 @@ def test_the_deploy_template_renders_to_a_domain_libvirt_accepts(test_conn, pref
     xml = domain.render(template, extra=cfg.template_vars, values={
         "name": name, "uuid": "8c1f5d4e-8f0b-4f7e-9a57-0a3c1c0f9b11", "memory_mib": 4096, "vcpus": 2,
         "disk": "/var/lib/dart/vms/x/disk.qcow2", "vm_dir": "/var/lib/dart/vms/x",
-        "metadata": domain.metadata_xml(prefix, 0, 0)})
+        "metadata": domain.metadata_xml(prefix, 0, 0), "agent_token": "tok-0123456789abcdef"})
     dom = test_conn.defineXML(xml)
     try:
         desc = dom.XMLDesc(0)
         assert "<source network='default'/>" in desc and "/var/lib/dart/vms/x/disk.qcow2" in desc
+        assert "<entry name='opt/dart/agent_token'>tok-0123456789abcdef</entry>" in desc  # handed to the guest
         assert "<memballoon model='none'/>" in desc
     finally:
         dom.undefine()
@@ -245,3 +246,23 @@ async def test_idle_probes_recycle_a_sick_idle_vm_and_leave_healthy_ones(test_co
         guest.sick.clear()
         await wait_state(pool, sick, VmState.READY)
         await pool.release(lease, ok=True)
+
+
+async def test_every_vm_build_gets_its_own_agent_token_and_probes_send_it(test_conn, prefix, template, tmp_path):
+    seen: dict[str, str | None] = {}
+
+    class RecordingProber:
+        async def ready(self, vm, *, timeout_s):
+            seen[vm.name] = vm.agent_token
+            return True
+
+    async with VmPool(make_cfg(prefix, template, tmp_path, size=2), conn=test_conn, prober=RecordingProber()) as pool:
+        assert set(seen) == {f"{prefix}-0-0", f"{prefix}-1-0"}
+        tokens = list(seen.values())
+        assert len(set(tokens)) == 2 and all(t and len(t) >= 32 for t in tokens)
+        assert {v.client.token for v in pool._vms.values()} == set(tokens)  # the backends' client sends it too
+    (tmp_path / "token").write_text("fixed-token-0123456789\n")
+    seen.clear()
+    async with VmPool(make_cfg(prefix, template, tmp_path, agent_token_file=tmp_path / "token"), conn=test_conn,
+                      prober=RecordingProber()):
+        assert list(seen.values()) == ["fixed-token-0123456789"]

@@ -20,6 +20,10 @@ OSWorld image and to ``dart guest-agent``:
 ``GET /health``             dart only: ``{"ok": true, "display": ":N", ...}``
 =========================  ============================================================
 
+Every endpoint but ``/health`` needs the VM's token in the ``X-Dart-Agent-Token`` header
+(:func:`check_token`); the env worker makes one per VM and hands it over through the domain
+(see ``TOKEN_FILE``). A request without it is a 401 and changes nothing.
+
 OSWorld's server evaluates pyautogui code strings; ours never evaluates anything. Actions
 arrive typed and become input events; ``/execute`` runs an argv list without a shell
 (a string is split with :func:`shlex.split`) and exists for task setup steps and getters.
@@ -27,6 +31,7 @@ arrive typed and become input events; ``/execute`` runs an argv list without a s
 
 from __future__ import annotations
 
+import hmac
 import math
 import re
 import shlex
@@ -42,11 +47,41 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_EXEC_TIMEOUT_S = 120.0
 MAX_EXEC_TIMEOUT_S = 3600.0
 
+TOKEN_HEADER = "X-Dart-Agent-Token"
+TOKEN_FILE = "/sys/firmware/qemu_fw_cfg/by_name/opt/dart/agent_token/raw"
+"""Where a guest finds its token by default: the domain template puts the pool's per-VM token
+into QEMU's firmware config (``<sysinfo type='fwcfg'>``), which the guest kernel exposes here."""
+OPEN_PATHS = frozenset({"/health"})
+"""Answered without the token (liveness only: it reveals the display size and uptime)."""
+MIN_TOKEN_CHARS = 16
+
 _ACTION_FIELDS = {"kind": str, "x": float, "y": float, "end_x": float, "end_y": float, "text": str, "direction": str}
 
 
 class ProtocolError(DartError, ValueError):
     """A request body the agent cannot accept; answered with HTTP 400 and this message."""
+
+
+class Unauthorized(ProtocolError):
+    """A request without the VM's token (or with a wrong one); answered with HTTP 401."""
+
+
+def check_token(expected: str, presented: str | None) -> None:
+    """Pass only when ``presented`` is exactly ``expected`` (compared in constant time, so the
+    answer time says nothing about how much of a guess was right)."""
+    if presented is None:
+        raise Unauthorized(f"missing {TOKEN_HEADER} header (the env worker sends the VM's token)")
+    if not hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), expected.encode()):
+        raise Unauthorized(f"wrong {TOKEN_HEADER}")
+
+
+def parse_token(text: str) -> str:
+    """A token as read from a file or the environment: one line, at least MIN_TOKEN_CHARS."""
+    token = text.strip()
+    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() or not c.isprintable() for c in token):
+        raise ProtocolError(f"an agent token is one line of at least {MIN_TOKEN_CHARS} printable characters "
+                            f"without spaces (got {len(token)} characters)")
+    return token
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import platform
+import socket
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ from dart.agent.actions import InvalidAction
 from dart.env.guest_agent import protocol
 from dart.env.guest_agent.desktop import Desktop
 from dart.env.xdesktop.input import UnknownKey
-from dart.errors import DartError
+from dart.errors import ConfigError, DartError
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,14 @@ class AgentConfig:
     """TCP port (OSWorld's server uses 5000)."""
     allow_shell: bool = False
     """Let ``/execute`` run ``shell: true`` strings under ``sh -c``. Off: argv lists only."""
+    token: str | None = field(default=None, repr=False)
+    """Every request but ``/health`` must carry it in ``X-Dart-Agent-Token``. None (loopback
+    only, for a person trying the agent by hand) accepts requests without one."""
+
+    def __post_init__(self) -> None:
+        if self.token is None and not _is_loopback(self.host):
+            raise ConfigError(f"guest agent: binding {self.host} needs a token (--token-file or $DART_AGENT_TOKEN); "
+                              "without one, only a loopback address may be bound")
 
 
 DESKTOP_KEY = web.AppKey("desktop", Desktop)
@@ -49,7 +60,7 @@ STARTED_KEY = web.AppKey("started", float)
 
 def create_app(cfg: AgentConfig, desktop: Desktop | None = None) -> web.Application:
     """The aiohttp application; ``desktop`` defaults to one on ``cfg.display``."""
-    app = web.Application(client_max_size=MAX_UPLOAD_BYTES, middlewares=[_errors])
+    app = web.Application(client_max_size=MAX_UPLOAD_BYTES, middlewares=[_auth, _errors])
     app[CONFIG_KEY] = cfg
     app[DESKTOP_KEY] = desktop or Desktop(cfg.display)
     app[STARTED_KEY] = time.monotonic()
@@ -68,6 +79,53 @@ def create_app(cfg: AgentConfig, desktop: Desktop | None = None) -> web.Applicat
     app.router.add_post("/action", action)
     app.on_cleanup.append(_close_desktop)
     return app
+
+
+def read_token(token_file: str | None, environ: Mapping[str, str]) -> str | None:
+    """The agent's token: ``token_file`` if given, else $DART_AGENT_TOKEN, else ``TOKEN_FILE``
+    when the VM has one; None when none of them exists (then only loopback may be bound)."""
+    if token_file is None and environ.get("DART_AGENT_TOKEN"):
+        return protocol.parse_token(environ["DART_AGENT_TOKEN"])
+    path = Path(token_file or protocol.TOKEN_FILE)
+    if token_file is None and not path.exists():
+        return None
+    try:
+        return protocol.parse_token(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"guest agent: cannot read the token file {path}: {exc}") from exc
+
+
+def nic_address() -> str:
+    """The local address of the interface on the default route (inside a VM: the address the
+    env worker reaches it at). Connecting a UDP socket sends nothing; it only picks the route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere, only looked up
+        except OSError as exc:
+            raise ConfigError(f"guest agent: no default route to take the NIC address from ({exc}); "
+                              "pass --host ADDRESS") from exc
+        return str(s.getsockname()[0])
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
+    # Checked before the handler reads the body, so an unauthorised request runs nothing,
+    # writes nothing and is not even parsed.
+    token = request.app[CONFIG_KEY].token
+    if token is not None and request.path not in protocol.OPEN_PATHS:
+        try:
+            protocol.check_token(token, request.headers.get(protocol.TOKEN_HEADER))
+        except protocol.Unauthorized as exc:
+            log.warning("refused %s %s from %s: %s", request.method, request.path, request.remote, exc)
+            return web.json_response({"status": "error", "error": str(exc)}, status=401)
+    return await handler(request)
 
 
 @web.middleware
@@ -214,7 +272,8 @@ async def serve(cfg: AgentConfig, *, ready: asyncio.Event | None = None) -> None
     try:
         site = web.TCPSite(runner, cfg.host, cfg.port)
         await site.start()
-        log.info("guest agent on http://%s:%d serving display %s", cfg.host, cfg.port, cfg.display)
+        log.info("guest agent on http://%s:%d serving display %s (%s)", cfg.host, cfg.port, cfg.display,
+                 "token required" if cfg.token else "no token: loopback only")
         if ready is not None:
             ready.set()
         with contextlib.suppress(asyncio.CancelledError):

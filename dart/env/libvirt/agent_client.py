@@ -17,7 +17,7 @@ import aiohttp
 
 from dart.agent.actions import Action, to_wire
 from dart.env.backend import CommandResult
-from dart.env.guest_agent.protocol import action_body
+from dart.env.guest_agent.protocol import TOKEN_HEADER, action_body
 from dart.env.xdesktop import input as xinput
 from dart.errors import EnvError
 
@@ -25,11 +25,14 @@ log = logging.getLogger(__name__)
 
 
 class AgentClient:
-    """One guest's agent at ``base_url`` (``http://10.0.0.5:5000``)."""
+    """One guest's agent at ``base_url`` (``http://10.0.0.5:5000``). ``token`` goes with every
+    request (``X-Dart-Agent-Token``); a stock OSWorld server ignores the header."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 60.0) -> None:
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 60.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.token = token
+        self._headers = {TOKEN_HEADER: token} if token else {}
         self._has_action_endpoint: bool | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -49,7 +52,7 @@ class AgentClient:
         url = f"{self.base_url}{path}"
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
         try:
-            async with self._http().request(method, url, timeout=timeout, **kw) as resp:
+            async with self._http().request(method, url, timeout=timeout, headers=self._headers, **kw) as resp:
                 return resp.status, await resp.read()
         except TimeoutError as exc:
             raise EnvError(f"guest agent {url} did not answer in {timeout.total:g} s") from exc

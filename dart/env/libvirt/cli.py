@@ -9,7 +9,7 @@ import json
 import signal
 import sys
 
-from dart.env.guest_agent.protocol import DEFAULT_HOST, DEFAULT_PORT
+from dart.env.guest_agent.protocol import DEFAULT_HOST, DEFAULT_PORT, TOKEN_FILE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,11 +20,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "screenshots, send typed actions and run setup commands. Binds loopback by default.",
     )
     p.add_argument("--display", default=None, help="X display to serve (default: $DISPLAY or :0)")
-    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}; "
-                   "inside a VM use the guest's NIC address or 0.0.0.0)")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}); inside a VM "
+                   "'nic': the address of the interface on the default route, the one the env worker reaches")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
     p.add_argument("--allow-shell", action="store_true",
                    help="let /execute run shell strings (shell: true); off: argv lists only")
+    p.add_argument("--token-file", default=None,
+                   help="file holding the token every request must carry (default: $DART_AGENT_TOKEN, else "
+                   f"{TOKEN_FILE} when it exists, which the VM pool fills per VM)")
     p.set_defaults(func=_guest_agent)
 
     vm = subparsers.add_parser("vm", help="libvirt domains of a VM pool")
@@ -41,10 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _guest_agent(args: argparse.Namespace) -> int:
     import os
 
-    from dart.env.guest_agent.server import AgentConfig, serve
+    from dart.env.guest_agent.server import AgentConfig, nic_address, read_token, serve
 
-    cfg = AgentConfig(display=args.display or os.environ.get("DISPLAY") or ":0", host=args.host, port=args.port,
-                      allow_shell=args.allow_shell)
+    host = nic_address() if args.host == "nic" else args.host
+    cfg = AgentConfig(display=args.display or os.environ.get("DISPLAY") or ":0", host=host, port=args.port,
+                      allow_shell=args.allow_shell, token=read_token(args.token_file, os.environ))
 
     async def main() -> None:
         # SIGTERM (a VM shutting down, a test tearing down) stops the server cleanly, so the

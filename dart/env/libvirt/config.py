@@ -47,6 +47,11 @@ class VmPoolConfig:
     agent_urls: tuple[str, ...] = ()
     """Fixed guest-agent base URLs by slot (``http://host:port``). Empty: the pool finds each
     guest's address in libvirt's DHCP leases and uses ``agent_port``."""
+    agent_token_file: Path | None = None
+    """For agents the pool does not provision (``agent_urls`` of agents started by hand or by a
+    test): the file holding the token they were started with. None: the pool makes a fresh
+    random token for every VM it builds and hands it to the guest through the domain template
+    (``${agent_token}``, see deploy/libvirt/README.md)."""
     ready_timeout_s: float = 300.0
     """How long a VM may take from start or revert until its guest agent answers."""
     probe_timeout_s: float = 5.0

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import socket
 import time
@@ -22,18 +23,26 @@ from collections.abc import Callable
 from typing import Any
 
 from dart.env.backend import Health
+from dart.env.guest_agent.protocol import parse_token
 from dart.env.libvirt import domain, hypervisor, policy
 from dart.env.libvirt.agent_client import AgentClient
 from dart.env.libvirt.config import VmPoolConfig
 from dart.env.libvirt.policy import Verdict, VmState
 from dart.env.libvirt.vm import AgentProber, PooledVm, Prober, VmLease
-from dart.errors import EnvError
+from dart.errors import ConfigError, EnvError
 from dart.events import WorkerHeartbeat
 
 log = logging.getLogger(__name__)
 
 MAX_REPLACEMENTS_IN_ROW = 3
 """A slot whose replacements keep getting quarantined is given up (the host, not the VM, is sick)."""
+
+
+def _read_token_file(path: Any) -> str:
+    try:
+        return parse_token(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"agent_token_file: cannot read {path}: {exc}") from exc
 
 
 class VmPool:
@@ -54,6 +63,7 @@ class VmPool:
         self._replacements: dict[int, int] = {}
         self._quarantined: list[PooledVm] = []
         self._tokens: dict[str, int] = {}
+        self._fixed_token = _read_token_file(cfg.agent_token_file) if cfg.agent_token_file else None
         self._changed = asyncio.Condition()
         self._build_gate = asyncio.Semaphore(cfg.build_concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -181,7 +191,9 @@ class VmPool:
         if vm.disk is not None and self.cfg.base_image is not None:
             hypervisor.make_overlay(self.cfg.base_image, vm.disk)
             vm.timings.record("overlay", time.perf_counter() - t0)
-        values = {"name": vm.name, "uuid": str(uuid.uuid4()), "memory_mib": self.cfg.memory_mib,
+        # A fresh token per build: a rebuilt or replaced VM never accepts an old VM's token.
+        vm.agent_token = self._fixed_token or secrets.token_urlsafe(32)
+        values = {"agent_token": vm.agent_token, "name": vm.name, "uuid": str(uuid.uuid4()), "memory_mib": self.cfg.memory_mib,
                   "vcpus": self.cfg.vcpus, "disk": str(vm.disk or ""), "vm_dir": str(vm.vm_dir),
                   "metadata": domain.metadata_xml(self.cfg.name_prefix, vm.slot, vm.generation)}
         xml = domain.render(self._template, values=values, extra=self.cfg.template_vars)
@@ -212,10 +224,10 @@ class VmPool:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
         vm.timings.record("ready", time.perf_counter() - t0)
-        if vm.client is None or vm.client.base_url != (vm.agent_url or "").rstrip("/"):
+        if vm.client is None or (vm.client.base_url, vm.client.token) != ((vm.agent_url or "").rstrip("/"), vm.agent_token):
             if vm.client is not None:
                 await vm.client.close()
-            vm.client = AgentClient(vm.agent_url or "")
+            vm.client = AgentClient(vm.agent_url or "", token=vm.agent_token)
 
     # ---- leases ---------------------------------------------------------------------------
     def ready_names(self) -> list[str]:

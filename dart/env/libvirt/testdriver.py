@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -36,12 +37,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_agent(display: str, port: int, *, timeout_s: float = 20.0) -> subprocess.Popen[bytes]:
-    """Start ``dart guest-agent`` on ``display`` at ``127.0.0.1:port``; return once it answers
-    ``/health`` (blocking: call it in a thread from async code)."""
+def start_agent(display: str, port: int, *, token: str | None = None, timeout_s: float = 20.0) -> subprocess.Popen[bytes]:
+    """Start ``dart guest-agent`` on ``display`` at ``127.0.0.1:port`` (wanting ``token`` in every
+    request when given); return once it answers ``/health`` (blocking: call it in a thread from
+    async code)."""
+    env = {k: v for k, v in os.environ.items() if k != "DART_AGENT_TOKEN"}
+    if token is not None:
+        env["DART_AGENT_TOKEN"] = token
     proc = subprocess.Popen(
         [sys.executable, "-m", "dart.cli", "guest-agent", "--display", display, "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env,
     )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -20,6 +20,8 @@ class VmInfo:
     generation: int
     vm_dir: Path
     agent_url: str | None
+    agent_token: str | None = field(default=None, repr=False)
+    """What the guest agent wants in ``X-Dart-Agent-Token``."""
 
 
 class Prober(Protocol):
@@ -34,7 +36,7 @@ class AgentProber:
     async def ready(self, vm: VmInfo, *, timeout_s: float) -> bool:
         if not vm.agent_url:
             return False
-        client = AgentClient(vm.agent_url, timeout_s=timeout_s)
+        client = AgentClient(vm.agent_url, token=vm.agent_token, timeout_s=timeout_s)
         try:
             return await client.probe(timeout_s=timeout_s)
         finally:
@@ -51,6 +53,8 @@ class PooledVm:
     vm_dir: Path
     disk: Path | None
     agent_url: str | None
+    agent_token: str | None = field(default=None, repr=False)
+    """This build's guest-agent token (a fresh one per build; see ``VmPool._define``)."""
     state: VmState = VmState.BUILDING
     dom: Any = None
     client: AgentClient | None = None
@@ -64,7 +68,7 @@ class PooledVm:
 
     def info(self) -> VmInfo:
         return VmInfo(name=self.name, slot=self.slot, generation=self.generation, vm_dir=self.vm_dir,
-                      agent_url=self.agent_url)
+                      agent_url=self.agent_url, agent_token=self.agent_token)
 
     def set_state(self, state: VmState, now: float) -> None:
         """Move to ``state``, adding the time spent in the old one to busy or idle seconds."""

@@ -1,0 +1,129 @@
+"""The SQL endpoint's rules as pure functions, and its request parsers on arbitrary input
+(hypothesis: examples from the profile in tests/conftest.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dart.data import sqlguard
+from dart.data.http import Unauthorized, Writer, credentials, parse_request, role_of
+from dart.errors import DartError
+
+
+def test_tokens_skip_literals_comments_and_heredocs_like_clickhouse() -> None:
+    assert sqlguard.tokens("SELECT 'a;b' -- ; DROP\n, `x;y`, $t$;$t$ /* /* ; */ ; */ # ;\n FROM t;") == [
+        "SELECT", "'", ",", "IDENT", ",", "'", "FROM", "T", ";"]
+    assert sqlguard.scan("select 1 ;; ").text == "select 1"
+    for sql in ("SELECT 1; DROP TABLE t", "SELECT 1 /* x */ ; SELECT 2", "SELECT ';' ; SELECT 2"):
+        with pytest.raises(sqlguard.SqlRefused, match="one-statement"):
+            sqlguard.scan(sql)
+    for sql in ("SELECT 1 INTO OUTFILE '/tmp/x'", "INSERT INTO t FROM INFILE '/etc/passwd' FORMAT TSV"):
+        with pytest.raises(sqlguard.SqlRefused, match="no-host-files"):
+            sqlguard.scan(sql)
+    for sql in ("SELECT 'unterminated", "SELECT /* open", "SELECT `x", "SELECT $a$ x", "  -- only a comment"):
+        with pytest.raises(sqlguard.BadSql):
+            sqlguard.scan(sql)
+
+
+def test_keywords_and_the_parse_decide_the_statement_kind() -> None:
+    sqlguard.check_keyword(sqlguard.scan("WITH 1 AS a SELECT a"))
+    sqlguard.check_keyword(sqlguard.scan("CREATE TABLE t (x UInt8) ENGINE = Memory"), writer=True)
+    for sql in ("CREATE TABLE t (x UInt8) ENGINE = Memory", "SET readonly = 0", "KILL QUERY WHERE 1", "SYSTEM FLUSH LOGS"):
+        with pytest.raises(sqlguard.SqlRefused, match="read-only"):
+            sqlguard.check_keyword(sqlguard.scan(sql))
+    explain_insert = "Explain EXPLAIN AST (children 1)\n InsertQuery (children 1)\n  Identifier t\n"
+    with pytest.raises(sqlguard.SqlRefused, match="InsertQuery"):
+        sqlguard.check_ast(explain_insert)
+    sqlguard.check_ast(explain_insert, writer=True)
+
+
+SELECT_FROM = """SelectWithUnionQuery (children 1)
+ ExpressionList (children 1)
+  SelectQuery (children 2)
+   ExpressionList (children 1)
+    Function {scalar} (children 1)
+     ExpressionList (children 1)
+      Literal UInt64_1
+   TablesInSelectQuery (children 1)
+    TablesInSelectQueryElement (children 1)
+     TableExpression (children 1)
+      Function {table} (children 1)
+       ExpressionList (children 1)
+        Literal UInt64_3
+"""
+
+
+def test_table_functions_are_allowlisted_and_external_functions_refused() -> None:
+    sqlguard.check_ast(SELECT_FROM.format(scalar="plus", table="numbers"))
+    for table in ("file", "URL", "s3", "hdfs", "remote", "remoteSecure", "cluster", "mysql", "postgresql", "jdbc",
+                  "odbc", "executable", "input", "azureBlobStorage", "dictionary", "iceberg", "some_future_one"):
+        with pytest.raises(sqlguard.SqlRefused, match="no-external-tables"):
+            sqlguard.check_ast(SELECT_FROM.format(scalar="plus", table=table), writer=True)
+    for scalar in ("file", "FILE", "dictGet", "dictGetString", "catboostEvaluate"):
+        with pytest.raises(sqlguard.SqlRefused, match="no-external-functions"):
+            sqlguard.check_ast(SELECT_FROM.format(scalar=scalar, table="numbers"))
+    insert_url = "InsertQuery   (children 1)\n Function url (children 1)\n  ExpressionList (children 1)\n"
+    create_as = "CreateQuery t (children 2)\n Identifier t\n Function s3 (children 1)\n"
+    engine = "CreateQuery t (children 2)\n Identifier t\n Storage definition (children 1)\n  Function {} (children 1)\n"
+    dictionary = "CreateQuery d (children 2)\n Identifier d\n Dictionary definition (children 4)\n"
+    for ast in (insert_url, create_as, engine.format("URL"), engine.format("Kafka"), dictionary):
+        with pytest.raises(sqlguard.SqlRefused, match="no-external"):
+            sqlguard.check_ast(ast, writer=True)
+    sqlguard.check_ast(engine.format("ReplacingMergeTree"), writer=True)
+    assert sqlguard.SqlRefused("r", "m").clickhouse_text().startswith("Code: 164. DB::Exception: ")
+
+
+SQLISH = st.lists(st.sampled_from(["SELECT", "INSERT", "FROM", "INTO", "OUTFILE", "INFILE", "file(", "'", '"', "`",
+                                   "''", "\\'", "--", "\n", "/*", "*/", "#", "# ", "$$", "$a$", ";", " ", "(", ")",
+                                   "1", "x", "é", "\x00"]), max_size=40).map("".join)
+
+
+@given(st.one_of(st.text(max_size=400), SQLISH))
+def test_the_tokenizer_refuses_or_passes_any_text_quickly(sql):
+    t0 = time.perf_counter()
+    try:
+        statement = sqlguard.scan(sql)
+        sqlguard.check_keyword(statement)
+    except (sqlguard.SqlRefused, sqlguard.BadSql) as exc:
+        assert isinstance(exc, DartError) and str(exc)
+    else:
+        assert ";" not in sqlguard.tokens(statement.text)
+    assert time.perf_counter() - t0 < 0.5
+
+
+@given(st.one_of(st.text(max_size=300), SQLISH))
+def test_check_ast_on_any_text_refuses_or_passes(ast):
+    with contextlib.suppress(sqlguard.SqlRefused, sqlguard.BadSql):
+        sqlguard.check_ast(ast)
+
+
+PARAMS = st.dictionaries(st.sampled_from(["query", "database", "default_format", "param_x", "max_threads", "user",
+                                          "password", "bad-name", "readonly", "query_id"]) | st.text(max_size=12),
+                         st.text(max_size=60) | SQLISH, max_size=5)
+
+
+@given(PARAMS, st.one_of(st.binary(max_size=300), SQLISH.map(str.encode)))
+def test_request_parser_gives_a_request_or_a_typed_error(query, body):
+    try:
+        req = parse_request(query, body)
+    except DartError as exc:
+        assert isinstance(exc, ValueError) and str(exc)
+        return
+    assert req.sql.strip() or req.insert_data is not None
+
+
+@given(st.dictionaries(st.sampled_from(["Authorization", "X-ClickHouse-User", "X-ClickHouse-Key"]),
+                       st.text(max_size=40) | st.sampled_from(["Basic ", "Basic !!", "Basic ZGFydDp4", "basic Og==", "Basic é", "Basic /w=="]),
+                       max_size=3), PARAMS)
+def test_credentials_are_a_role_or_unauthorized(headers, query):
+    writer = Writer("dart_writer", "pw")
+    try:
+        is_writer = role_of(*credentials(headers, query), writer)
+    except Unauthorized:
+        return
+    assert is_writer in (True, False)
