@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
-from dart.bus.topics import Topics
+from dart.bus.topics import CATALOGUE, Topics
 from dart.config import require
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -27,6 +27,10 @@ class BusConfig:
     """How long a fetch may wait for data: small, because replies to env workers ride on it."""
     max_message_bytes: int = 16 * 1024 * 1024
     """Largest record the clients accept (events stay small; blobs carry the payloads)."""
+    partitions: dict[str, int] = field(default_factory=dict)
+    """Partitions per topic suffix, over the catalogue's defaults (e.g. ``{"rollout.actions": 128}``:
+    at least one per env worker, so that every worker gets a reply partition of its own). Used
+    when topics are created; an existing topic keeps its partitions."""
 
     def __post_init__(self) -> None:
         require(bool(self.bootstrap.strip()), "bus.bootstrap", "must name at least one host:port")
@@ -35,6 +39,14 @@ class BusConfig:
         require(bool(self.prefix) and " " not in self.prefix, "bus.prefix", f"bad prefix {self.prefix!r}")
         require(self.heartbeat_interval_ms < self.session_timeout_ms, "bus.heartbeat_interval_ms",
                 "must be smaller than session_timeout_ms")
+        known = {spec.suffix for spec in CATALOGUE}
+        for suffix, n in self.partitions.items():
+            require(suffix in known, f"bus.partitions.{suffix}", f"not a catalogue topic (known: {sorted(known)})")
+            require(n >= 1, f"bus.partitions.{suffix}", f"must be >= 1, got {n}")
+
+    def partitions_of(self, suffix: str) -> int:
+        """Partitions a catalogue topic is created with: ``partitions`` or else the catalogue's."""
+        return self.partitions.get(suffix) or next(s.partitions for s in CATALOGUE if s.suffix == suffix)
 
     @cached_property
     def topics(self) -> Topics:
