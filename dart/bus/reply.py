@@ -24,7 +24,9 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import zlib
+from collections import deque
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -63,6 +65,10 @@ class ReplyInbox:
         """Records read that were not a reply to this worker (another worker's, or markers)."""
         self.read = 0
         """Every record read from the reply partition."""
+        self.waits_s: deque[float] = deque(maxlen=100_000)
+        """Seconds from ``expect()`` (just before the request is produced) to the answer's
+        delivery, for the latest answers: bus overhead plus the policy's own time."""
+        self._asked: dict[str, float] = {}
 
     @property
     def read_amplification(self) -> float:
@@ -140,6 +146,9 @@ class ReplyInbox:
         if corr is None:
             self.ignored += 1
             return
+        asked = self._asked.pop(corr, None)
+        if asked is not None:
+            self.waits_s.append(time.perf_counter() - asked)
         fut = self._waiting.pop(corr, None)
         if fut is None:
             # A reply to a request nobody waits for any more (timed out): drop it, but keep a
@@ -157,6 +166,7 @@ class ReplyInbox:
             fut.set_result(self._early.pop(correlation_id))
         else:
             self._waiting[correlation_id] = fut
+            self._asked[correlation_id] = time.perf_counter()
         return fut
 
     async def wait(self, correlation_id: str, timeout_s: float) -> Event:
@@ -166,6 +176,7 @@ class ReplyInbox:
             return await asyncio.wait_for(fut, timeout_s)
         finally:
             self._waiting.pop(correlation_id, None)
+            self._asked.pop(correlation_id, None)
 
     async def close(self) -> None:
         if self._task is not None:
