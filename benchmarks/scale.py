@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import multiprocessing as mp
 import statistics
 import tempfile
@@ -105,6 +106,14 @@ class Window:
         return start, dict(counters()), self.cpu_s() - cpu0
 
 
+def failure(tasks: list[asyncio.Task[Any]]) -> str | None:
+    """The first error among finished tasks (a child reports it instead of hiding it)."""
+    for t in tasks:
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            return f"{type(t.exception()).__name__}: {t.exception()}"
+    return None
+
+
 def _bus(bootstrap: str, prefix: str, point: Point) -> Any:
     from dart.bus import BusConfig
 
@@ -143,9 +152,10 @@ async def _env(bootstrap: str, prefix: str, point: Point, first: int, count: int
 
     start, end, cpu = await win.measure(counters, on_start=clear)
     waits = [s for w in workers for s in w.inbox.waits_s]
+    failed = failure(runs)
     halt.set()
     await asyncio.wait(runs, timeout=10)
-    out.write_text(json.dumps({"steps": end["steps"] - start["steps"], "read": end["read"] - start["read"],
+    out.write_text(json.dumps({"error": failed, "steps": end["steps"] - start["steps"], "read": end["read"] - start["read"],
                                "ignored": end["ignored"] - start["ignored"], "cpu_s": cpu, "waits_s": waits}))
 
 
@@ -183,6 +193,8 @@ async def _rollout(bootstrap: str, prefix: str, point: Point, first: int, count:
                           producer=producer, client_id=f"rollout-{i}", concurrent_partitions=True)
                  for i in range(first, first + count)]
     runs = [asyncio.create_task(c.run()) for c in consumers]
+    await asyncio.gather(*(c.started.wait() for c in consumers))
+    out.with_suffix(".ready").touch()
     start, end, cpu = await win.measure(lambda: {"answered": answered[0]})
     for c in consumers:
         c.stop()
@@ -192,6 +204,7 @@ async def _rollout(bootstrap: str, prefix: str, point: Point, first: int, count:
 
 
 def run_data(bootstrap: str, prefix: str, point: Point, root: str, go: Any, stop: Any, out: str) -> None:
+    logging.basicConfig(filename=Path(root) / "data.log", level=logging.INFO)
     asyncio.run(_data(bootstrap, prefix, point, Path(root), Window(go, stop), Path(out)))
 
 
@@ -225,11 +238,14 @@ async def _data(bootstrap: str, prefix: str, point: Point, root: Path, win: Wind
 
     manager.schedule_once = timed  # type: ignore[method-assign]
     run = asyncio.create_task(manager.run())
+    await manager.consumer.started.wait()
+    out.with_suffix(".ready").touch()
     start, end, cpu = await win.measure(lambda: {"projected": manager.projected, "batches": manager.batches_emitted,
                                                  "decisions": len(decisions)})
+    failed = failure([run])
     manager.stop()
     await asyncio.wait([run], timeout=20)
-    out.write_text(json.dumps({"projected": end["projected"] - start["projected"], "cpu_s": cpu,
+    out.write_text(json.dumps({"projected": end["projected"] - start["projected"], "cpu_s": cpu, "error": failed,
                                "batches": end["batches"] - start["batches"],
                                "decision_s": decisions[int(start["decisions"]):int(end["decisions"])]}))
 
@@ -325,6 +341,14 @@ class Tail:
             await consumer.stop()
 
 
+async def ready(paths: list[Path], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(p.exists() for p in paths):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not ready after {timeout_s} s: {[p.name for p in paths if not p.exists()]}")
+        await asyncio.sleep(0.1)
+
+
 def spawn(target: Any, *args: Any) -> Any:
     proc = mp.get_context("spawn").Process(target=target, args=args, daemon=True)
     proc.start()
@@ -364,10 +388,15 @@ async def run_point(point: Point, bootstrap: str, broker_pid: int, args: argpars
         outs[name] = work / f"{name}.json"
         return str(outs[name])
 
+    # One group at a time: the data manager, then the rollout workers, then the env workers
+    # (on Tansu, groups that rebalance at once can starve each other's joins for a long time).
     procs.append(spawn(run_data, bootstrap, prefix, point, str(work), go, stop, out("data")))
     procs.append(spawn(run_trainer, bootstrap, prefix, point, args.weights_every_s, go, stop, out("trainer")))
-    for k, (first, count) in enumerate(split(point.rollout_workers, args.rollout_procs)):
+    await ready([work / "data.ready"], args.join_timeout_s)
+    rollouts = split(point.rollout_workers, args.rollout_procs)
+    for k, (first, count) in enumerate(rollouts):
         procs.append(spawn(run_rollout, bootstrap, prefix, point, first, count, tasks, go, stop, out(f"rollout{k}")))
+    await ready([work / f"rollout{k}.ready" for k in range(len(rollouts))], args.join_timeout_s)
     for k, (first, count) in enumerate(split(point.env_workers, args.env_procs)):
         procs.append(spawn(run_env, bootstrap, prefix, point, first, count, str(work), go, stop, out(f"env{k}")))
 
@@ -395,7 +424,8 @@ async def run_point(point: Point, bootstrap: str, broker_pid: int, args: argpars
     await tail_run
     parts = {name: json.loads(path.read_text()) for name, path in outs.items() if path.exists()}
     missing = sorted(set(outs) - set(parts))
-    return summarise(point, parts, missing=missing, wall_s=wall, broker_cpu_s=broker_cpu,
+    errors = {name: part["error"] for name, part in parts.items() if part.get("error")}
+    return summarise(point, parts, missing=missing, errors=errors, wall_s=wall, broker_cpu_s=broker_cpu,
                      bytes_in_window=bytes_in_window,
                      lag={g: v[lag_from[g]:] for g, v in tail.lag.items()})
 
@@ -407,7 +437,7 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def summarise(point: Point, parts: dict[str, Any], *, missing: list[str], wall_s: float, broker_cpu_s: float,
+def summarise(point: Point, parts: dict[str, Any], *, missing: list[str], errors: dict[str, str], wall_s: float, broker_cpu_s: float,
               bytes_in_window: int, lag: dict[str, list[tuple[float, int]]]) -> dict[str, Any]:
     env = [v for k, v in parts.items() if k.startswith("env")]
     rollout = [v for k, v in parts.items() if k.startswith("rollout")]
@@ -426,7 +456,7 @@ def summarise(point: Point, parts: dict[str, Any], *, missing: list[str], wall_s
         return statistics.mean(v for _, v in series[-3:]) - statistics.mean(v for _, v in series[:3])
 
     return {
-        **asdict(point), "label": point.label, "missing": missing, "window_s": round(wall_s, 1),
+        **asdict(point), "label": point.label, "missing": missing, "errors": errors, "window_s": round(wall_s, 1),
         "steps": steps, "steps_per_s": round(steps / wall_s, 1),
         "overhead_ms_p50": round(pct(waits, 0.50) * 1e3, 2), "overhead_ms_p99": round(pct(waits, 0.99) * 1e3, 2),
         "read_amplification": round(read / mine, 2) if mine else None,
@@ -508,7 +538,8 @@ def main() -> None:
     p.add_argument("--rollout-procs", type=int, default=1, help="processes that hold the rollout workers")
     p.add_argument("--tasks", type=int, default=200)
     p.add_argument("--weights-every-s", type=float, default=5.0, help="trainer stub's publish cadence")
-    p.add_argument("--warmup-s", type=float, default=15.0)
+    p.add_argument("--warmup-s", type=float, default=15.0, help="after the env workers start")
+    p.add_argument("--join-timeout-s", type=float, default=90.0)
     p.add_argument("--window-s", type=float, default=30.0)
     p.add_argument("--json", type=Path, default=RESULTS / "scale.json")
     p.add_argument("--png", type=Path, default=RESULTS / "scale.png")
