@@ -517,11 +517,15 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         axes[1].plot(xs, [r["overhead_ms_p99"] for r in rs], style, label=f"p99, {routing}")
         axes[1].plot(xs, [r["overhead_ms_p50"] for r in rs], style, alpha=0.5, label=f"p50, {routing}")
         axes[2].plot(xs, [r["read_amplification"] or 0 for r in rs], style, label=routing)
-    axes[0].set(title="CPU per env step (all processes)", xlabel="env slots", ylabel="µs / step", xscale="log")
+    axes[0].set(title="CPU per env step (all processes)", xlabel="env slots", ylabel="µs / step", xscale="log",
+                yscale="log")
     axes[1].set(title="step overhead (request -> action delivered)", xlabel="env slots", ylabel="ms", xscale="log")
     axes[2].set(title="reply read amplification", xlabel="env slots", ylabel="records read / own reply",
                 xscale="log")
+    ticks = sorted({r["slots"] for r in results})
     for ax in axes:
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("dart's own overhead vs scale (busy 2-core machine; rollout workers grow with slots)")
@@ -543,7 +547,13 @@ def main() -> None:
     p.add_argument("--window-s", type=float, default=30.0)
     p.add_argument("--json", type=Path, default=RESULTS / "scale.json")
     p.add_argument("--png", type=Path, default=RESULTS / "scale.png")
+    p.add_argument("--plot-only", action="store_true", help="redraw the PNG and table from --json")
     args = p.parse_args()
+    if args.plot_only:
+        results = json.loads(args.json.read_text())["results"]
+        plot(results, args.png)
+        print(table(results))
+        return
 
     from dart.bus import DevBroker
 
