@@ -133,7 +133,7 @@ def ensure_topics(cfg: BusConfig, *, extra: dict[str, int] | None = None, timeou
         config = {"retention.ms": str(spec.retention_ms)}
         if spec.compacted:
             config["cleanup.policy"] = "compact"
-        wanted.append(NewTopic(name, num_partitions=spec.partitions, replication_factor=1, config=config))
+        wanted.append(NewTopic(name, num_partitions=cfg.partitions_of(spec.suffix), replication_factor=1, config=config))
     for name, partitions in (extra or {}).items():
         if name not in existing:
             wanted.append(NewTopic(name, num_partitions=partitions, replication_factor=1))

@@ -112,7 +112,7 @@ def cmd_topics_list(args: argparse.Namespace) -> int:
     cfg = bus_from_args(args)
     for spec in CATALOGUE:
         retention = "forever" if spec.retention_ms < 0 else f"{spec.retention_ms // 3_600_000} h"
-        print(f"{cfg.topics.name(spec.suffix):28s} partitions={spec.partitions} key={spec.key_field or '-':10s} "
+        print(f"{cfg.topics.name(spec.suffix):28s} partitions={cfg.partitions_of(spec.suffix)} key={spec.key_field or '-':10s} "
               f"retention={retention:8s} {'compacted ' if spec.compacted else ''}"
               f"events={','.join(e.__name__ for e in spec.events)}  # {spec.doc}")
     return 0

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-from dart.bus.topics import Topics
+from dart.bus.topics import CATALOGUE, Topics
 from dart.config import require
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -126,6 +126,11 @@ class BusConfig:
     """SASL/TLS settings, always from the environment (DART_KAFKA_*, see ``BusSecurity``): not
     an init field, so a config file cannot carry a broker password."""
 
+    partitions: dict[str, int] = field(default_factory=dict)
+    """Partitions per topic suffix, over the catalogue's defaults (e.g. ``{"rollout.actions": 128}``:
+    at least one per env worker, so that every worker gets a reply partition of its own). Used
+    when topics are created; an existing topic keeps its partitions."""
+
     def __post_init__(self) -> None:
         require(bool(self.bootstrap.strip()), "bus.bootstrap", "must name at least one host:port")
         require(all(":" in h for h in self.bootstrap.split(",")), "bus.bootstrap",
@@ -133,6 +138,14 @@ class BusConfig:
         require(bool(self.prefix) and " " not in self.prefix, "bus.prefix", f"bad prefix {self.prefix!r}")
         require(self.heartbeat_interval_ms < self.session_timeout_ms, "bus.heartbeat_interval_ms",
                 "must be smaller than session_timeout_ms")
+        known = {spec.suffix for spec in CATALOGUE}
+        for suffix, n in self.partitions.items():
+            require(suffix in known, f"bus.partitions.{suffix}", f"not a catalogue topic (known: {sorted(known)})")
+            require(n >= 1, f"bus.partitions.{suffix}", f"must be >= 1, got {n}")
+
+    def partitions_of(self, suffix: str) -> int:
+        """Partitions a catalogue topic is created with: ``partitions`` or else the catalogue's."""
+        return self.partitions.get(suffix) or next(s.partitions for s in CATALOGUE if s.suffix == suffix)
 
     @cached_property
     def topics(self) -> Topics:

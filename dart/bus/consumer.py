@@ -103,6 +103,9 @@ class Consumer:
         # each one and lets a slow batch on one partition not hold back the others.
         self.concurrent_partitions = concurrent_partitions
         self.started = asyncio.Event()
+        self.reached_end = asyncio.Event()
+        """Set once every assigned partition was read up to the high watermark its fetch reported
+        (the log as it was is replayed), however busy the topics keep being."""
         self._stopping = asyncio.Event()
         self.handled = 0
         self.dead_lettered = 0
@@ -143,11 +146,13 @@ class Consumer:
                 batches = fetch.result()
                 if self.concurrent_partitions and len(batches) > 1:
                     await asyncio.gather(*(self._consume(consumer, tp, recs) for tp, recs in batches.items()))
-                    continue
+                    batches = {}
                 for tp, records in batches.items():
                     if self._stopping.is_set():
                         break
                     await self._consume(consumer, tp, records)
+                if not self.reached_end.is_set() and await _at_end(consumer):
+                    self.reached_end.set()
         finally:
             await consumer.stop()
             if self._own_producer and self._producer is not None:
@@ -233,6 +238,18 @@ def dead_letter(rec: Any, *, run_id: str, producer: str, group: str, stage: str,
     return DeadLetter.new(run_id=run_id, producer=producer, source_topic=rec.topic, partition=rec.partition,
                           offset=rec.offset, key=rec.key, value=value, stage=stage, error_type=type(exc).__name__,
                           error=error, consumer_group=group)
+
+
+async def _at_end(consumer: AIOKafkaConsumer) -> bool:
+    """Whether every assigned partition's position has reached its last reported high watermark."""
+    tps = consumer.assignment()
+    if not tps:
+        return False
+    for tp in tps:
+        hw = consumer.highwater(tp)
+        if hw is None or await consumer.position(tp) < hw:
+            return False
+    return True
 
 
 async def read_topic(

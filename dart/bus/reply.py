@@ -1,10 +1,17 @@
 """Request-reply over the log: a rollout worker answers the exact env worker that asked.
 
-An env worker owns an inbox: one partition of the actions topic (chosen by hashing its
-worker id), read from the point the inbox opened. Replies go to that partition with a
-``dart-reply-to`` header, so they are both the answer and part of the durable action log;
-workers that share a partition skip replies addressed to others. Requests are matched to
-replies by the request's ``event_id`` (``in_reply_to`` of the answer).
+An env worker owns an inbox: one partition of the actions topic, read from the point the
+inbox opened. Replies go to that partition with a ``dart-reply-to`` header, so they are both
+the answer and part of the durable action log. Requests are matched to replies by the
+request's ``event_id`` (``in_reply_to`` of the answer).
+
+Which partition: the one the worker is assigned (``partition=``, the env worker's
+``reply_partition``), or else a hash of its worker id. Kafka cannot filter on the broker, so
+workers that share a partition each read and skip the others' replies: with W hashed workers
+on P partitions every worker reads about W / P records per reply of its own (25x for 100
+workers on 4 partitions), and the whole fleet reads W / P times the reply traffic. With a
+partition per worker (``bus.partitions["rollout.actions"]`` >= workers, worker i on partition
+i) each reads only its own: ``read_amplification`` stays 1 whatever the number of workers.
 
 NOTE: the start offset is the offset of a marker record the inbox produces itself (a
 ``WorkerHeartbeat``), because Tansu's ListOffsets("latest") is wrong; the delivery report's
@@ -17,7 +24,9 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import zlib
+from collections import deque
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -25,7 +34,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from dart.bus.config import BusConfig
 from dart.bus.producer import REPLY_TO_HEADER, Producer
 from dart.bus.topics import Topics
-from dart.errors import DecodeError
+from dart.errors import ConfigError, DecodeError
 from dart.events import Event, ReplyRoute, WorkerHeartbeat, decode
 
 log = logging.getLogger(__name__)
@@ -39,10 +48,12 @@ class ReplyInbox:
     """Where one env worker receives answers to its observations."""
 
     def __init__(self, cfg: BusConfig, worker_id: str, *, producer: Producer | None = None,
-                 topic: str | None = None) -> None:
+                 topic: str | None = None, partition: int | None = None) -> None:
         self.cfg = cfg
         self.worker_id = worker_id
         self.topic = topic or cfg.topics.actions
+        self.partition = partition
+        """The assigned reply partition; None hashes the worker id (and may share a partition)."""
         self._producer = producer
         self._own_producer = producer is None
         self._waiting: dict[str, asyncio.Future[Event]] = {}
@@ -51,6 +62,19 @@ class ReplyInbox:
         self._task: asyncio.Task[None] | None = None
         self._route: ReplyRoute | None = None
         self.ignored = 0
+        """Records read that were not a reply to this worker (another worker's, or markers)."""
+        self.read = 0
+        """Every record read from the reply partition."""
+        self.waits_s: deque[float] = deque(maxlen=100_000)
+        """Seconds from ``expect()`` (just before the request is produced) to the answer's
+        delivery, for the latest answers: bus overhead plus the policy's own time."""
+        self._asked: dict[str, float] = {}
+
+    @property
+    def read_amplification(self) -> float:
+        """Records read per reply of this worker's (1.0 = it reads nothing meant for others)."""
+        mine = self.read - self.ignored
+        return self.read / mine if mine > 0 else 1.0
 
     @property
     def route(self) -> ReplyRoute:
@@ -71,7 +95,16 @@ class ReplyInbox:
             parts = self._consumer.partitions_for_topic(self.topic)
         if not parts:
             raise RuntimeError(f"reply topic {self.topic} does not exist (run `dart topics ensure`)")
-        partition = reply_partition(self.worker_id, len(parts))
+        partition = self.partition if self.partition is not None else reply_partition(self.worker_id, len(parts))
+        if not 0 <= partition < len(parts):
+            # NOTE: aiokafka's stop() raises CancelledError if its own background task has not
+            # run once yet; let it run first.
+            await asyncio.sleep(0)
+            await self._consumer.stop()
+            self._consumer = None
+            raise ConfigError(f"{self.worker_id}: reply partition {partition} but {self.topic} has {len(parts)} "
+                              f"partitions; raise bus.partitions['rollout.actions'] to at least the number of "
+                              f"env workers (an existing topic keeps its partitions: recreate it)")
         if self._producer is None:
             self._producer = Producer(self.cfg, client_id=f"{self.worker_id}-inbox")
         marker = WorkerHeartbeat.new(
@@ -94,6 +127,7 @@ class ReplyInbox:
         while True:
             batch = await self._consumer.getmany(timeout_ms=1000)
             for records in batch.values():
+                self.read += len(records)
                 for rec in records:
                     headers = dict(rec.headers or ())
                     if headers.get(REPLY_TO_HEADER) != me:
@@ -111,6 +145,9 @@ class ReplyInbox:
         if corr is None:
             self.ignored += 1
             return
+        asked = self._asked.pop(corr, None)
+        if asked is not None:
+            self.waits_s.append(time.perf_counter() - asked)
         fut = self._waiting.pop(corr, None)
         if fut is None:
             # A reply to a request nobody waits for any more (timed out): drop it, but keep a
@@ -128,6 +165,7 @@ class ReplyInbox:
             fut.set_result(self._early.pop(correlation_id))
         else:
             self._waiting[correlation_id] = fut
+            self._asked[correlation_id] = time.perf_counter()
         return fut
 
     async def wait(self, correlation_id: str, timeout_s: float) -> Event:
@@ -137,6 +175,7 @@ class ReplyInbox:
             return await asyncio.wait_for(fut, timeout_s)
         finally:
             self._waiting.pop(correlation_id, None)
+            self._asked.pop(correlation_id, None)
 
     async def close(self) -> None:
         if self._task is not None:

@@ -82,8 +82,10 @@ class DataManager:
         """Wait until the consumer joined and the replay of the log went quiet."""
         await self.consumer.started.wait()
         start = time.monotonic()
+        # Caught up = every partition read to the high watermark its fetch reported. Waiting for
+        # the projection to go quiet instead never ends once many workers heartbeat every second.
         while (time.monotonic() - self._last_projected < CATCH_UP_IDLE_S and time.monotonic() - start < CATCH_UP_MAX_S
-               and not self._stopping.is_set()):
+               and not self._stopping.is_set() and not self.consumer.reached_end.is_set()):
             await asyncio.sleep(0.1)
 
     # ---------------------------------------------------------------- scheduling

@@ -219,8 +219,20 @@ def open_groups(store: Store, *, mode: str) -> tuple[list[GroupProgress], dict[s
         return [], {}, {}
     ids = [g[0] for g in groups]
     outcomes: dict[str, list[Outcome]] = defaultdict(list)
+    # The trajectory_rewards view with the group filter inside it: filtering after the view would
+    # first rebuild the latest row of every trajectory of the run (1 s at 10M steps, against 0.35 s).
+    # Exact, because a rollout never changes group.
     for r in store.query(
-        f"SELECT {_OUTCOME_COLS} FROM {db}.trajectory_rewards WHERE group_id IN {{ids:Array(String)}}",
+        f"""SELECT {_OUTCOME_COLS} FROM (
+            SELECT t.*, r.reward AS reward, r.has_reward AS has_reward
+            FROM (SELECT * FROM {db}.trajectories FINAL WHERE group_id IN {{ids:Array(String)}}
+                  ORDER BY event_time DESC, event_id LIMIT 1 BY rollout_id) AS t
+            LEFT JOIN (
+                SELECT rollout_id, argMax(reward, event_time) AS reward, 1 AS has_reward
+                FROM {db}.rewards FINAL
+                WHERE rollout_id IN (SELECT rollout_id FROM {db}.trajectories WHERE group_id IN {{ids:Array(String)}})
+                GROUP BY rollout_id
+            ) AS r USING rollout_id)""",
         {"ids": ids},
     ):
         outcomes[r[2]].append(_outcome(r))

@@ -29,6 +29,11 @@ class EnvWorkerConfig:
     """Run id stamped on the events this worker writes."""
     worker_id: str = ""
     """This worker's id (empty: env-HOST-PID)."""
+    reply_partition: int | None = None
+    """The partition of the actions topic this worker alone reads its policy answers from
+    (None: a hash of worker_id, which other workers may share, and each then reads and skips
+    the others' answers). Give worker i partition i, with ``bus.partitions["rollout.actions"]``
+    at least the number of env workers."""
     group: str = ""
     """Consumer group on the requests topic (empty: env-workers-<backend>)."""
     blobs: str = ".dart/blobs"
@@ -58,6 +63,8 @@ class EnvWorkerConfig:
         require(self.slots >= 1, "slots", f"must be >= 1, got {self.slots}")
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1, got {self.max_attempts}")
         require(self.reply_timeout_s > 0, "reply_timeout_s", f"must be > 0, got {self.reply_timeout_s}")
+        require(self.reply_partition is None or self.reply_partition >= 0, "reply_partition",
+                f"must be >= 0 (or unset), got {self.reply_partition}")
         require(self.heartbeat_s > 0, "heartbeat_s", f"must be > 0, got {self.heartbeat_s}")
         # Every running trajectory holds a VM: with fewer VMs than slots, some slots would take
         # requests and then wait for a VM.

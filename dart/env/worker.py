@@ -101,7 +101,7 @@ class EnvWorker:
         self._backends: list[EnvBackend] = [self.factory(i) for i in range(cfg.slots)]
         self._commit_wanted = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
-        self.inbox = ReplyInbox(bus, self.worker_id, producer=self.producer)
+        self.inbox = ReplyInbox(bus, self.worker_id, producer=self.producer, partition=cfg.reply_partition)
 
     # ------------------------------------------------------------------ running
 

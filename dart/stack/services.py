@@ -43,7 +43,7 @@ def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path) -> dic
     out: dict[str, dict[str, Any]] = {}
     for i in range(cfg.env.workers):
         env = {"backend": cfg.env.backend, "slots": cfg.env.slots, "run_id": cfg.run_id, "worker_id": f"env-{i}",
-               "blobs": blobs, "heartbeat_s": 2.0}
+               "reply_partition": i, "blobs": blobs, "heartbeat_s": 2.0}
         out[f"env-{i}"] = {"env": deep_merge(env, cfg.env.options)}
     for i in range(cfg.rollout.workers):
         rollout = {"engine": "hf", "model": str(model_dir), "device": "cpu", "blobs": blobs,

@@ -110,7 +110,9 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
     if not cfg.bootstrap:
         broker = DevBroker(log_path=workdir / "broker.log").start()
         say(f"dev broker (tansu) on {broker.bootstrap}")
-    bus = BusConfig(bootstrap=cfg.bootstrap or broker.bootstrap, prefix=f"dart-{cfg.run_id}")  # type: ignore[union-attr]
+    # A reply partition per env worker (worker i reads partition i): none reads another's answers.
+    bus = BusConfig(bootstrap=cfg.bootstrap or broker.bootstrap, prefix=f"dart-{cfg.run_id}",  # type: ignore[union-attr]
+                    partitions={"rollout.actions": max(4, cfg.env.workers)})
     supervisor = Supervisor(workdir / "logs", base_env={"DART_BOOTSTRAP": bus.bootstrap})
     try:
         ensure_topics(bus)

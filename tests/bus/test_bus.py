@@ -280,3 +280,31 @@ def test_a_dead_letter_keeps_at_most_its_budget_of_the_original_bytes():
     whole = dead_letter(rec, run_id="r", producer="p", group="g", stage="decode", exc=ValueError("bad"),
                         max_value_bytes=1000)
     assert whole.value == rec.value and whole.error == "bad"
+
+
+async def test_a_consumer_knows_it_replayed_the_log_while_producers_keep_writing(bus: BusConfig):
+    producer = Producer(bus)
+    for i in range(50):
+        producer.send_nowait(heartbeat(i))
+    producer.flush()
+    seen: list[int] = []
+
+    async def handle(d) -> None:  # type: ignore[no-untyped-def]
+        seen.append(d.offset)
+
+    consumer = Consumer(bus, topics=[bus.topics.heartbeats], group="catch-up", handler=handle, producer=producer)
+    run = asyncio.create_task(consumer.run())
+
+    async def keep_writing() -> None:  # a record every 50 ms: the log never goes quiet
+        for i in range(400):
+            await producer.send(heartbeat(i))
+            await asyncio.sleep(0.05)
+
+    writer = asyncio.create_task(keep_writing())
+    await asyncio.wait_for(consumer.reached_end.wait(), timeout=20)
+    assert len(seen) >= 50
+    assert not writer.done()
+    writer.cancel()
+    consumer.stop()
+    await asyncio.gather(run, writer, return_exceptions=True)
+    producer.close()

@@ -105,3 +105,37 @@ async def test_clickhouse_connect_queries_and_inserts_through_the_endpoint(store
     finally:
         await server.stop()
     assert got == ([("via False",)], [("via lz4",)], [("via zstd",)], [("via gzip",)])
+
+
+async def test_the_projection_and_curation_sql_run_unchanged_on_a_clickhouse_server(store: Store, chdb_path) -> None:
+    """The data manager on a ClickHouse server (clickhouse-connect over HTTP, here the project's
+    own endpoint) writes and reads with the same SQL as on chdb, with the same answers."""
+    import asyncio
+
+    from dart.data import projection as q
+    from tests.data.factories import T0, group, heartbeat, task
+
+    e1, _ = group("a", [1.0, 0.0, 1.0], version=2, t=T0)
+    e2, _ = group("b", [0.0, 0.0], version=2, t=T0 + 10_000, steps=5)
+    server = SqlServer(chdb_path)
+    port = await server.start()
+
+    def over_http() -> tuple:
+        remote = Store.open_dsn(f"http://127.0.0.1:{port}", database=store.database)
+        assert remote.target.kind == "http"
+        q.write_events(remote, [task("a"), task("b"), *e1, *e2, heartbeat("env-0", 8, t=T0)])
+        out = (q.table_counts(remote, ["actions", "trajectories"]), q.success_lengths(remote, threshold=0.5),
+               len(q.recent_outcomes(remote, mode="train", oldest_version=0, window=8)),
+               sorted(len(g.outcomes) for g in q.open_groups(remote, mode="train")[0]))
+        remote.close()
+        return out
+
+    try:
+        remote = await asyncio.to_thread(over_http)
+    finally:
+        await server.stop()
+    local = (q.table_counts(store, ["actions", "trajectories"]), q.success_lengths(store, threshold=0.5),
+             len(q.recent_outcomes(store, mode="train", oldest_version=0, window=8)),
+             sorted(len(g.outcomes) for g in q.open_groups(store, mode="train")[0]))
+    assert remote == local
+    assert local[0] == {"actions": 3 * 4 + 2 * 5, "trajectories": 5}
