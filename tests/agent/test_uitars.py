@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,10 @@ from dart.agent.actions import (
 )
 from dart.agent.uitars import Frame, parse_actions, parse_response, render_action, smart_resize
 from dart.errors import ConfigError
+from tests.conftest import SHARED
 
-OUTPUTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "uitars" / "outputs.json"
+OUTPUTS = SHARED / "data" / "uitars" / "outputs.json"
+"""Real model outputs no one here wrote (``$DART_SHARED``, else ``shared/`` beside the repository)."""
 SCREEN = (1920, 1080)
 
 

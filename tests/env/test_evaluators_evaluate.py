@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +20,9 @@ from dart.env.evaluators import (
 )
 from dart.env.tasks import Task, load_task, unsupported_parts
 from dart.errors import ConfigError, EnvError
+from tests.conftest import SHARED
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "shared" / "data" / "osworld" / "examples"
+EXAMPLES = SHARED / "data" / "osworld" / "examples"
 _names = itertools.count()
 
 

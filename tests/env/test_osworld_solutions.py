@@ -16,8 +16,9 @@ import pytest
 from dart.agent.actions import Action, CallUser, Finished, Hotkey, Type, Wait
 from dart.env.tasks import load_task
 from dart.env.xdesktop import XDesktopBackend, XDesktopConfig, local_tasks, oracle_plan
+from tests.conftest import SHARED
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "shared" / "data" / "osworld" / "examples"
+EXAMPLES = SHARED / "data" / "osworld" / "examples"
 pytestmark = [pytest.mark.xdesktop, pytest.mark.slow, pytest.mark.usefixtures("xdesktop_available"),
               pytest.mark.skipif(not EXAMPLES.is_dir(), reason="needs the shared OSWorld examples")]
 CFG = XDesktopConfig(width=1024, height=768, ready_s=0.8, settle_s=0.3, wait_s=1.5, app_timeout_s=60)

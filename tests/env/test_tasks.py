@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,9 @@ from dart.env.tasks import (
     unsupported_parts,
 )
 from dart.errors import ConfigError
+from tests.conftest import SHARED
 
-OSWORLD = Path(__file__).resolve().parents[3] / "shared" / "data" / "osworld"
+OSWORLD = SHARED / "data" / "osworld"
 EXAMPLES = OSWORLD / "examples"
 
 ALL = Capabilities(frozenset({"launch", "sleep"}), frozenset({"vm_file", "rule"}), frozenset({"exact_match"}))
