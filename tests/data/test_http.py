@@ -107,21 +107,26 @@ async def test_clickhouse_connect_queries_and_inserts_through_the_endpoint(store
     assert got == ([("via False",)], [("via lz4",)], [("via zstd",)], [("via gzip",)])
 
 
-async def test_the_projection_and_curation_sql_run_unchanged_on_a_clickhouse_server(store: Store, chdb_path) -> None:
+async def test_the_projection_and_curation_sql_run_unchanged_on_a_clickhouse_server(store: Store, chdb_path,
+                                                                                     monkeypatch) -> None:
     """The data manager on a ClickHouse server (clickhouse-connect over HTTP, here the project's
-    own endpoint) writes and reads with the same SQL as on chdb, with the same answers."""
+    own endpoint, as its writer: the endpoint is read-only for everyone else) writes and reads
+    with the same SQL as on chdb, with the same answers."""
     import asyncio
 
     from dart.data import projection as q
+    from dart.data.config import StoreConfig
     from tests.data.factories import T0, group, heartbeat, task
 
     e1, _ = group("a", [1.0, 0.0, 1.0], version=2, t=T0)
     e2, _ = group("b", [0.0, 0.0], version=2, t=T0 + 10_000, steps=5)
-    server = SqlServer(chdb_path)
+    server = SqlServer(chdb_path, writer=WRITER)
     port = await server.start()
+    monkeypatch.setenv("DART_TEST_WRITER_PASSWORD", WRITER.password)
 
     def over_http() -> tuple:
-        remote = Store.open_dsn(f"http://127.0.0.1:{port}", database=store.database)
+        remote = Store.open(StoreConfig(dsn=f"http://127.0.0.1:{port}", database=store.database,
+                                        username=WRITER.user, password_env="DART_TEST_WRITER_PASSWORD"))
         assert remote.target.kind == "http"
         q.write_events(remote, [task("a"), task("b"), *e1, *e2, heartbeat("env-0", 8, t=T0)])
         out = (q.table_counts(remote, ["actions", "trajectories"]), q.success_lengths(remote, threshold=0.5),

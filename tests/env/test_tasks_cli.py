@@ -5,15 +5,15 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 import dart.cli
 from dart.cli import main
 from dart.env.cli import DEFAULT_EXAMPLES
-from tests.conftest import SHARED
 
-OSWORLD = SHARED / "data" / "osworld"
+OSWORLD = Path(__file__).resolve().parents[3] / "shared" / "data" / "osworld"
 
 
 @pytest.fixture(autouse=True)
