@@ -3,11 +3,7 @@ cloud_file / cache_file getters, the xdesktop download step, and the missing-fil
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,26 +14,12 @@ from dart.env.downloads import DownloadCache, MissingDownload, task_urls, url_na
 from dart.env.evaluators import FileContent, evaluate_task
 from dart.env.tasks import Task
 from dart.env.xdesktop.setup import SetupRunner
+from tests.env.conftest import serve_folder
 
 
 @pytest.fixture(autouse=True)
 def only_env_commands(monkeypatch):
     monkeypatch.setattr(dart.cli, "COMMAND_MODULES", ("dart.env.cli",))
-
-
-@contextlib.contextmanager
-def serve(folder: Path):
-    """A loopback HTTP server over ``folder`` (no test here touches the internet)."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def task_file(tmp_path: Path, base: str) -> Path:
@@ -61,7 +43,7 @@ def test_fetch_fills_the_cache_from_a_loopback_server_and_setup_and_getter_read_
     (site / "start.txt").write_text("hello")
     (site / "gold.txt").write_text("hello world")
     cache_root = tmp_path / "cache"
-    with serve(site) as base:
+    with serve_folder(site) as base:
         path = task_file(tmp_path, base)
         assert main(["tasks", "fetch", str(path), "--downloads", str(cache_root)]) == 0
         assert "2 in the cache" in capsys.readouterr().out

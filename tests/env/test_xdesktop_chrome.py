@@ -4,16 +4,14 @@ DevTools protocol, against pages served from a loopback HTTP server (no internet
 from __future__ import annotations
 
 import contextlib
-import functools
-import http.server
 import shutil
-import threading
 
 import pytest
 
 from dart.agent.actions import Finished
 from dart.env.tasks import Task
 from dart.env.xdesktop import XDesktopBackend, XDesktopConfig
+from tests.env.conftest import serve_folder
 
 pytestmark = [pytest.mark.xdesktop, pytest.mark.usefixtures("xdesktop_available"),
               pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")]
@@ -31,15 +29,8 @@ PAGES = {
 def site(tmp_path):
     for name, html in PAGES.items():
         (tmp_path / name).write_text(html)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
-    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_folder(tmp_path) as base:
+        yield base
 
 
 def chrome_task(base: str, evaluator: dict) -> Task:

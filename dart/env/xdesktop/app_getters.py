@@ -12,20 +12,14 @@ from typing import Any
 import aiohttp
 
 from dart.env.evaluators.files import FileContent
+from dart.env.xdesktop.getter_table import GetterTable
 from dart.errors import ConfigError, EnvError
 
 GIMP_VERSION = "2.10"
 """The GIMP settings folder (~/.config/GIMP/<version>) Debian's GIMP writes."""
 
-GETTERS: dict[str, Any] = {}
-
-
-def getter(name: str):  # type: ignore[no-untyped-def]
-    def deco(fn):  # type: ignore[no-untyped-def]
-        GETTERS[name] = fn
-        return fn
-
-    return deco
+getter = GetterTable("application")
+"""``@getter("name")`` defines a getter; ``register_all`` hands them to the evaluator registry."""
 
 
 async def _file(env: Any, path: str) -> FileContent | None:
@@ -109,6 +103,4 @@ async def background_image_in_slide(env: Any, params: dict[str, Any], ctx: Any) 
     return await _from_slide(env, params, "image")
 
 
-def register_all(register_getter: Any) -> None:
-    for name, fn in GETTERS.items():
-        register_getter(name)(fn)
+register_all = getter.register_all

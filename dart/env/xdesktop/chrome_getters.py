@@ -19,17 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from dart.env.xdesktop.chrome import Chrome
-from dart.errors import ConfigError, EnvError
+from dart.env.xdesktop.getter_table import GetterTable
+from dart.errors import EnvError
 
-GETTERS: dict[str, Any] = {}
-
-
-def getter(name: str):  # type: ignore[no-untyped-def]
-    def deco(fn):  # type: ignore[no-untyped-def]
-        GETTERS[name] = fn
-        return fn
-
-    return deco
+getter = GetterTable("browser")
+"""``@getter("name")`` defines a getter; ``register_all`` hands them to the evaluator registry."""
 
 
 def _chrome(ctx: Any) -> Chrome:
@@ -269,8 +263,4 @@ async def shortcuts_on_desktop(env: Any, params: dict[str, Any], ctx: Any) -> di
     return {p.name: p.read_text(encoding="utf-8", errors="replace") for p in sorted(desktop.glob("*.desktop"))}
 
 
-def register_all(register_getter: Any) -> None:
-    for name, fn in GETTERS.items():
-        register_getter(name)(fn)
-    if not GETTERS:
-        raise ConfigError("no browser getters defined")
+register_all = getter.register_all
