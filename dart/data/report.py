@@ -1,5 +1,7 @@
-"""`dart report`: success per policy version, per-task difficulty, env and rollout
-utilisation (from heartbeats), staleness of trained samples; as text and PNG plots.
+"""`dart report`: success per policy version and over wall-clock time, per-task difficulty, env
+and rollout utilisation (from heartbeats), staleness of trained samples, and the learning
+signals of every update (entropy, zero-advantage groups, clip fractions, importance-ratio
+spread, log-prob mismatch); as text and PNG plots.
 
 Queries use unqualified table names: the client's database selects the projection.
 """
@@ -43,6 +45,60 @@ INNER JOIN (SELECT rollout_id, policy_version FROM actions FINAL) AS a ON a.roll
 GROUP BY lag ORDER BY lag"""
 
 
+SUCCESS_BY_TIME = """
+SELECT toUnixTimestamp(toStartOfInterval(event_time, INTERVAL 30 SECOND)) AS t, count() AS n,
+       avg(reward >= 0.5) AS success_rate
+FROM trajectory_rewards
+WHERE has_reward = 1 AND status != 'infra_error' AND origin = 'online' AND mode = 'train'
+GROUP BY t ORDER BY t"""
+
+# One row per trainer update: what tells whether RL can move the policy (entropy, clipping,
+# importance ratios, log-prob mismatch) and how old its samples were. Keys an older trainer
+# did not write read as 0.
+LEARNING = """
+SELECT m.step, m.policy_version, toUnixTimestamp(m.event_time) AS t, m.entropy, m.clip_frac,
+       m.metrics['clip/high_frac'], m.metrics['clip/low_frac'], m.metrics['ratio/abs_dev'],
+       m.metrics['ratio/max'], m.metrics['tis/capped_frac'], m.logprob_mismatch, m.grad_norm,
+       m.num_samples, b.trainer_version - b.min_policy_version, b.trainer_version - b.max_policy_version
+FROM (SELECT * FROM train_metrics FINAL) AS m
+LEFT JOIN (SELECT batch_id, any(trainer_version) AS trainer_version, any(min_policy_version) AS min_policy_version,
+                  any(max_policy_version) AS max_policy_version
+           FROM batches FINAL GROUP BY batch_id) AS b USING batch_id
+ORDER BY m.step"""
+
+# GRPO groups by the newest policy version in them: a group whose rollouts all succeeded or
+# all failed has advantage 0 everywhere and teaches nothing (unless the experience pool fills it).
+GROUPS = """
+SELECT version, count() AS groups, countIf(lo = hi AND hi = 1) AS all_success, countIf(lo = hi AND hi = 0) AS all_fail
+FROM (SELECT group_id, max(max_policy_version) AS version, min(reward >= 0.5) AS lo, max(reward >= 0.5) AS hi,
+             count() AS n
+      FROM trajectory_rewards
+      WHERE has_reward = 1 AND status != 'infra_error' AND origin = 'online' AND mode = 'train'
+      GROUP BY group_id HAVING n >= 2)
+GROUP BY version ORDER BY version"""
+
+
+@dataclass(frozen=True)
+class UpdateRow:
+    """One trainer update's learning signals (``LEARNING``)."""
+
+    step: int
+    version: int
+    t: int
+    entropy: float
+    clip_frac: float
+    clip_high: float
+    clip_low: float
+    ratio_abs_dev: float
+    ratio_max: float
+    tis_capped: float
+    mismatch: float
+    grad_norm: float
+    samples: int
+    staleness_max: int
+    staleness_min: int
+
+
 @dataclass
 class Report:
     success_by_version: list[tuple[int, int, float]] = field(default_factory=list)
@@ -50,10 +106,31 @@ class Report:
     workers: list[tuple[str, str, int, float, float, float]] = field(default_factory=list)
     utilisation_series: list[tuple[str, int, float]] = field(default_factory=list)
     staleness: list[tuple[int, int]] = field(default_factory=list)
+    success_by_time: list[tuple[int, int, float]] = field(default_factory=list)
+    updates: list[UpdateRow] = field(default_factory=list)
+    groups: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+    def zero_advantage(self) -> list[tuple[int, float]]:
+        """(version, fraction of that version's groups with one reward for all rollouts)."""
+        return [(v, (s + f) / g) for v, g, s, f in self.groups if g]
 
     def text(self) -> str:
         out = ["== success rate per policy version (online train trajectories)"]
         out += [f"  v{v:<5} {n:>7} trajectories  success {r:6.1%}" for v, n, r in self.success_by_version] or ["  (none)"]
+        out.append("== success rate over wall-clock time (30 s buckets)")
+        t0 = self.success_by_time[0][0] if self.success_by_time else 0
+        out += [f"  {(t - t0) / 60:5.1f} min {n:>7} trajectories  success {r:6.1%}"
+                for t, n, r in self.success_by_time] or ["  (none)"]
+        out.append("== GRPO groups per policy version (zero advantage: every rollout got the same reward)")
+        out += [f"  v{v:<5} {g:>6} groups  all success {s / g:6.1%}  all fail {f / g:6.1%}  "
+                f"zero advantage {(s + f) / g:6.1%}" for v, g, s, f in self.groups if g] or ["  (none)"]
+        out.append("== learning signals per update (entropy, clipped tokens, |ratio - 1|, log-prob mismatch, "
+                   "staleness of the batch)")
+        out += [f"  update {u.step:>4} -> v{u.version:<4} entropy {u.entropy:6.3f}  clip {u.clip_frac:6.2%} "
+                f"(high {u.clip_high:5.2%} low {u.clip_low:5.2%})  |ratio-1| {u.ratio_abs_dev:6.4f} max "
+                f"{u.ratio_max:6.2f}  tis capped {u.tis_capped:5.2%}  mismatch {u.mismatch:6.4f}  grad "
+                f"{u.grad_norm:6.3f}  samples {u.samples:>5}  staleness {u.staleness_min}-{u.staleness_max}"
+                for u in self.updates] or ["  (none)"]
         out.append("== task difficulty (hardest first)")
         out += [f"  {t:<40} {n:>6} runs  success {r:6.1%}  mean steps {s:5.1f}  infra errors {e}"
                 for t, n, r, s, e in self.tasks] or ["  (none)"]
@@ -78,6 +155,10 @@ def build_report(query: Query) -> Report:
         workers=[(w, role, int(sl), float(b), float(i), float(u)) for w, role, sl, b, i, u in query(UTILISATION)],
         utilisation_series=[(role, int(t), float(u)) for role, t, u in query(UTILISATION_SERIES)],
         staleness=[(int(lag), int(n)) for lag, n in query(STALENESS)],
+        success_by_time=[(int(t), int(n), float(r)) for t, n, r in query(SUCCESS_BY_TIME)],
+        updates=[UpdateRow(int(r[0]), int(r[1]), int(r[2]), *(float(x or 0.0) for x in r[3:12]), int(r[12]),
+                           int(r[13] or 0), int(r[14] or 0)) for r in query(LEARNING)],
+        groups=[(int(v), int(g), int(s), int(f)) for v, g, s, f in query(GROUPS)],
     )
 
 
@@ -101,6 +182,41 @@ def write_plots(report: Report, out: Path) -> list[Path]:
     ax.plot([v for v, _, _ in report.success_by_version], [r for _, _, r in report.success_by_version], marker="o")
     ax.set(xlabel="policy version", ylabel="success rate", ylim=(0, 1), title="Success rate per policy version")
     save(fig, "success_by_version.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    t0 = report.success_by_time[0][0] if report.success_by_time else 0
+    ax.plot([(t - t0) / 60 for t, _, _ in report.success_by_time], [r for _, _, r in report.success_by_time],
+            marker=".")
+    ax.set(xlabel="minutes since the first trajectory", ylabel="success rate", ylim=(0, 1),
+           title="Success rate over wall-clock time (30 s buckets)")
+    save(fig, "success_by_time.png")
+
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
+    steps = [u.step for u in report.updates]
+
+    def panel(ax: Any, title: str, series: dict[str, list[float]], xs: list[int] | None = None,
+              xlabel: str = "update") -> None:
+        for label, ys in series.items():
+            ax.plot(steps if xs is None else xs, ys, marker=".", label=label)
+        ax.set(title=title, xlabel=xlabel)
+        if len(series) > 1:
+            ax.legend(fontsize=8)
+
+    panel(axes[0][0], "Entropy (mean over response tokens)", {"entropy": [u.entropy for u in report.updates]})
+    panel(axes[0][1], "Clipped token fraction", {"all": [u.clip_frac for u in report.updates],
+                                                 "high (A>0)": [u.clip_high for u in report.updates],
+                                                 "low (A<0)": [u.clip_low for u in report.updates]})
+    panel(axes[0][2], "Importance ratio spread", {"mean |ratio - 1|": [u.ratio_abs_dev for u in report.updates],
+                                                  "TIS capped frac": [u.tis_capped for u in report.updates]})
+    zero = report.zero_advantage()
+    panel(axes[1][0], "Zero-advantage groups", {"fraction": [z for _, z in zero]}, xs=[v for v, _ in zero],
+          xlabel="policy version")
+    axes[1][0].set_ylim(0, 1)
+    panel(axes[1][1], "Staleness of the batch (versions)", {"oldest sample": [u.staleness_max for u in report.updates],
+                                                             "newest sample": [u.staleness_min for u in report.updates]})
+    panel(axes[1][2], "Gradient norm / log-prob mismatch", {"grad norm": [u.grad_norm for u in report.updates],
+                                                             "mismatch": [u.mismatch for u in report.updates]})
+    save(fig, "learning.png")
 
     fig, ax = plt.subplots(figsize=(7, max(2.5, 0.25 * len(report.tasks) + 1)))
     ax.barh([t for t, *_ in report.tasks], [r for _, _, r, _, _ in report.tasks])

@@ -62,9 +62,12 @@ class StackConfig:
     bootstrap: str = ""
     """Kafka bootstrap servers; empty starts a dev broker (Tansu) for the run."""
     rl_minutes: float = 8.0
-    """Wall-clock length of the RL phase."""
+    """Wall-clock cap of the RL phase (with ``max_updates``: the most it may take; without:
+    its length)."""
     max_updates: int = 0
-    """Stop the RL phase after this many trainer updates (0: only the clock stops it)."""
+    """The RL phase's budget in trainer updates: it ends after this many, so a slower or busier
+    machine makes the same run more slowly instead of a shorter one; ``rl_minutes`` caps it and
+    the summary says when the cap cut it short (0: only the clock stops it)."""
     experience_tasks: int = 0
     """Oracle solutions of this many training tasks go into the experience pool at start (the
     data manager injects one into a group whose online rollouts all failed)."""

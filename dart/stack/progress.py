@@ -100,9 +100,10 @@ class Progress:
 
 
 def render(snap: Snapshot, services: dict[str, str], *, elapsed_s: float, budget_s: float,
-           events: list[str]) -> str:
+           events: list[str], max_updates: int = 0) -> str:
     """The display as text (pure, so a test can read it)."""
-    lines = [f"dart up — RL phase {elapsed_s / 60:4.1f} / {budget_s / 60:.1f} min"]
+    planned = f", update {snap.updates} of {max_updates}" if max_updates else ""
+    lines = [f"dart up — RL phase {elapsed_s / 60:4.1f} / {budget_s / 60:.1f} min{planned}"]
     lines.append("services: " + "  ".join(f"{name} {state}" for name, state in services.items()))
     if snap.error:
         lines.append(f"projection: {snap.error}")

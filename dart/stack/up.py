@@ -170,6 +170,9 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
         if broker is not None:
             broker.stop()
 
+    report_dir = write_run_report(workdir)
+    if report_dir is not None:
+        summary["report"] = str(report_dir)
     checkpoint = latest_checkpoint(workdir / "checkpoints")
     summary["final_checkpoint"] = str(checkpoint) if checkpoint else None
     if cfg.evaluate and not summary.get("interrupted") and "warm_success" in summary:
@@ -185,6 +188,31 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     _print_summary(summary)
     return summary
+
+
+def write_run_report(workdir: Path) -> Path | None:
+    """`dart report` of the finished run into WORKDIR/report (text + PNGs), from its store once
+    the data manager has let go of it; a report that cannot be made is said, never fatal."""
+    from dart.data.cli import sql_client
+    from dart.data.report import build_report, write_plots
+
+    if not (workdir / "chdb").exists():
+        return None
+    out = workdir / "report"
+    try:
+        client = sql_client(None, f"chdb://{workdir / 'chdb'}", "dart")
+        try:
+            report = build_report(lambda sql: client.query(sql).result_rows)
+        finally:
+            client.close()
+        out.mkdir(exist_ok=True)
+        (out / "report.txt").write_text(report.text() + "\n")
+        write_plots(report, out)
+    except Exception as exc:  # the run's results stand without their report
+        say(f"no report: {type(exc).__name__}: {exc}")
+        return None
+    say(f"report of the run in {out} (report.txt, learning.png, success_by_time.png, ...)")
+    return out
 
 
 def restore_log(log_dir: Path, bus: BusConfig) -> bool:
@@ -226,30 +254,53 @@ def _rl_phase(cfg: StackConfig, supervisor: Supervisor, workdir: Path, *, stop_a
     t0 = time.monotonic()
     snap = progress.snapshot()
     recoveries = 0
+    last_check = t0
+    stopped_by = "clock"
     while True:
         time.sleep(1.0)
         if broker is not None and bus is not None and not broker.running:
             recover_broker(broker, supervisor, bus, workdir / "log")
             recoveries += 1
         supervisor.poll()
-        elapsed = time.monotonic() - t0
-        if display.due() or elapsed >= budget_s:
-            snap = progress.snapshot()
-            display.show(render(snap, supervisor.status(), elapsed_s=elapsed, budget_s=budget_s,
-                                events=supervisor.events))
+        now = time.monotonic()
+        elapsed = now - t0
+        # the update budget is checked every few seconds, the display redrawn when due
+        if display.due() or elapsed >= budget_s or (cfg.max_updates and now - last_check >= 3.0):
+            snap, last_check = progress.snapshot(), now
+            if display.due() or elapsed >= budget_s:
+                display.show(render(snap, supervisor.status(), elapsed_s=elapsed, budget_s=budget_s,
+                                    events=supervisor.events, max_updates=cfg.max_updates))
+        if cfg.max_updates and snap.updates >= cfg.max_updates:
+            stopped_by = "updates"
+            say(f"{snap.updates} of {cfg.max_updates} updates done in {elapsed / 60:.1f} min")
+            break
         if elapsed >= budget_s:
             say(f"RL phase over after {elapsed / 60:.1f} min")
             break
-        if cfg.max_updates and snap.updates >= cfg.max_updates:
-            say(f"{snap.updates} updates done")
-            break
         if supervisor.any_failed():
+            stopped_by = "failure"
             say("a service failed for good: stopping (see the logs under " f"{workdir / 'logs'})")
             break
-    return {"rl_s": round(time.monotonic() - t0, 1), "updates": snap.updates, "trajectories": snap.trajectories,
-            "policy_version": snap.version, "trajectories_success": snap.successes,
-            "infra_errors": snap.infra_errors, "utilisation": snap.utilisation,
-            "staleness_mean": snap.staleness_mean, "by_version": snap.by_version, "broker_restores": recoveries}
+    out = {"rl_s": round(time.monotonic() - t0, 1), "updates": snap.updates, "trajectories": snap.trajectories,
+           "policy_version": snap.version, "trajectories_success": snap.successes,
+           "infra_errors": snap.infra_errors, "utilisation": snap.utilisation,
+           "staleness_mean": snap.staleness_mean, "by_version": snap.by_version, "broker_restores": recoveries,
+           "stopped_by": stopped_by, "max_updates": cfg.max_updates}
+    note = budget_note(stopped_by, snap.updates, cfg.max_updates, budget_s)
+    if note:
+        out["budget_note"] = note
+        say(note)
+    return out
+
+
+def budget_note(stopped_by: str, updates: int, max_updates: int, cap_s: float) -> str:
+    """Why the RL phase ended short of its update budget, in words (empty when it did not)."""
+    if not max_updates or updates >= max_updates:
+        return ""
+    if stopped_by == "clock":
+        return (f"stopped at {updates} of {max_updates} updates: the {cap_s / 60:.0f}-minute cap came first "
+                "(the machine was slower than planned)")
+    return f"stopped at {updates} of {max_updates} updates: {stopped_by}"
 
 
 def _jsonable(value: Any) -> Any:
@@ -260,8 +311,11 @@ def _print_summary(s: dict[str, Any]) -> None:
     say("summary")
     print(f"  pipeline         {s['pipeline']}")
     if "updates" in s:
-        print(f"  RL phase         {s.get('rl_s', 0) / 60:.1f} min, {s['updates']} updates, "
+        planned = f" of {s['max_updates']}" if s.get("max_updates") else ""
+        print(f"  RL phase         {s.get('rl_s', 0) / 60:.1f} min, {s['updates']}{planned} updates, "
               f"{s['trajectories']} trajectories ({s['infra_errors']} infra errors), policy v{s['policy_version']}")
+        if s.get("budget_note"):
+            print(f"                   {s['budget_note']}")
         util = ", ".join(f"{k} {v:.1%}" for k, v in s.get("utilisation", {}).items())
         print(f"  utilisation      {util or '-'}; mean staleness {s.get('staleness_mean', 0):.2f} versions")
     if "warm_success" in s:

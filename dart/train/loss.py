@@ -250,6 +250,7 @@ def _stats(per_sample: dict[str, torch.Tensor], sel_B: torch.Tensor, sft_sel_B: 
     tok("clip/frac", high_B_T | low_B_T)
     tok("clip/dual_frac", negative_B_T & (ratio_B_T > (cfg.dual_clip or math.inf)))
     tok("ratio/mean", ratio_B_T)
+    tok("ratio/abs_dev", (ratio_B_T.detach() - 1.0).abs())
     tok("tis/mean", tis_B_T)
     tok("tis/capped_frac", capped_B_T)
     mismatch_B_T = old_logp_B_T - rollout_logp_B_T

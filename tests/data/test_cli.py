@@ -117,7 +117,10 @@ def test_killed_data_manager_resumes_and_sql_works_from_other_processes(bus: Bus
         assert r.returncode == 0, r.stderr
         assert "t0" in r.stdout and "success  33.3%" in r.stdout
         assert {p.name for p in (tmp_path / "report").glob("*.png")} == {
-            "success_by_version.png", "task_difficulty.png", "utilisation.png", "staleness.png"}
+            "success_by_version.png", "success_by_time.png", "learning.png", "task_difficulty.png",
+            "utilisation.png", "staleness.png"}
+        # 20 groups of 3 rollouts, one success each: every group is mixed, none has zero advantage
+        assert "zero advantage   0.0%" in r.stdout
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()
         assert not (tmp_path / "chdb.http").exists()

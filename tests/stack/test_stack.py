@@ -110,6 +110,21 @@ def test_render_shows_versions_utilisation_and_staleness():
     assert "env-0 running" in text
 
 
+def test_render_shows_the_update_budget():
+    text = render(Snapshot(updates=7), {}, elapsed_s=60, budget_s=1200, events=[], max_updates=40)
+    assert text.splitlines()[0] == "dart up — RL phase  1.0 / 20.0 min, update 7 of 40"
+
+
+def test_budget_note_says_when_the_cap_cut_the_run_short():
+    from dart.stack.up import budget_note
+
+    assert budget_note("clock", 41, 60, 1200) == ("stopped at 41 of 60 updates: the 20-minute cap came first "
+                                                   "(the machine was slower than planned)")
+    assert budget_note("updates", 60, 60, 1200) == ""
+    assert budget_note("clock", 41, 0, 1200) == ""       # no update budget: the clock is the plan
+    assert budget_note("failure", 3, 60, 1200) == "stopped at 3 of 60 updates: failure"
+
+
 def test_dart_up_help_works():
     out = subprocess.run([sys.executable, "-m", "dart.cli", "up", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "pipeline" in out.stdout

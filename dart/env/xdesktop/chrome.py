@@ -143,6 +143,23 @@ class Chrome:
             raise EnvError(f"script failed in {page.get('url')}: {result['exceptionDetails'].get('text')}")
         return result.get("result", {}).get("value")
 
+    async def wait_loaded(self, page: dict[str, Any], timeout_s: float = 20.0) -> None:
+        """Wait until ``page``'s document has loaded (OSWorld's getters wait for Playwright's
+        ``load`` state before reading a page). A page still loading at ``timeout_s`` is read as
+        it is, as OSWorld does after its own timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            try:
+                state = await self.evaluate(page, "[document.readyState, location.href]")
+                # a tab opened by URL shows that URL before its first document replaces about:blank
+                if (state and state[0] == "complete"
+                        and (state[1] != "about:blank" or page.get("url") == "about:blank")):
+                    return
+            except EnvError:
+                pass  # a navigation replaced the context mid-call: ask again
+            await asyncio.sleep(0.1)
+
     async def open_tabs(self, urls: list[str]) -> None:
         """Open ``urls`` as OSWorld does: the first in the start tab, the others in new tabs."""
         pages = await self.pages()

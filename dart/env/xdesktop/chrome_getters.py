@@ -152,6 +152,7 @@ async def active_tab_html_parse(env: Any, params: dict[str, Any], ctx: Any) -> d
     classes = [c for k, v in params.items() if k.startswith("class_") for c in (v or {})]
     xpaths = [*(params.get("xpathObject") or {}), *(params.get("inputObject") or {})]
     query = json.dumps({"classes": classes, "xpaths": xpaths})
+    await _chrome(ctx).wait_loaded(page)
     dom = await _chrome(ctx).evaluate(page, _DOM_JS % query) or {}
     return html_fields(params, dom, page.get("url", ""))
 
