@@ -53,6 +53,14 @@ def build(cls: type[T], data: dict[str, Any] | None, *, path: str = "") -> T:
         raise ConfigError(f"unknown field {where}{unknown[0]} (known: {', '.join(sorted(fields))})")
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
+        f = fields[name]
+        if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
+            # A partial mapping for a field whose default is a configured object changes just
+            # the fields it names: `recipe: {loss: {tis: off}}` keeps the recipe's other loss
+            # settings rather than falling back to the loss class's own defaults.
+            default = f.default_factory()
+            if dataclasses.is_dataclass(default):
+                value = _overlay(default, value)
         kwargs[name] = _coerce(hints[name], value, f"{where}{name}")
     missing = [
         n
@@ -67,6 +75,15 @@ def build(cls: type[T], data: dict[str, Any] | None, *, path: str = "") -> T:
         raise ConfigError(f"{where}{exc}" if where and not str(exc).startswith(where) else str(exc)) from exc
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path or cls.__name__}: {exc}") from exc
+
+
+def _overlay(default: Any, mapping: dict[str, Any]) -> dict[str, Any]:
+    """``default``'s init fields as a mapping with ``mapping`` laid over it, nested objects too."""
+    out: dict[str, Any] = {f.name: getattr(default, f.name) for f in dataclasses.fields(default) if f.init}
+    for key, value in mapping.items():
+        inner = out.get(key)
+        out[key] = _overlay(inner, value) if isinstance(value, dict) and dataclasses.is_dataclass(inner) else value
+    return out
 
 
 def _coerce(tp: Any, value: Any, path: str) -> Any:
@@ -91,6 +108,8 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             raise ConfigError(f"{path} must be one of {', '.join(map(repr, args))}, got {value!r}")
         return value
     if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):  # a default object carried over by _overlay
+            return value
         if not isinstance(value, dict):
             raise ConfigError(f"{path} must be a mapping, got {value!r}")
         return build(tp, value, path=path)  # type: ignore[arg-type]

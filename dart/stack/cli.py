@@ -18,6 +18,8 @@ def register(sub: Any) -> None:
     p.add_argument("--workdir", type=Path, help="override the config's workdir")
     p.add_argument("--rl-minutes", type=float, help="override the length of the RL phase")
     p.add_argument("--pipeline", choices=["decoupled", "coupled"], help="override the pipeline")
+    p.add_argument("--max-updates", type=int, help="override the RL phase's update budget")
+    p.add_argument("--seed", type=int, help="override recipe.seed (weights, task sampling, SFT, sampling)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("eval", help="held-out success of a policy (a model dir, a checkpoint or the run's latest)")
@@ -43,9 +45,12 @@ def load_stack_config(path: Path, args: argparse.Namespace | None = None) -> Any
 
     data = load_yaml(path)
     if args is not None:
-        for flag, key in (("workdir", "workdir"), ("rl_minutes", "rl_minutes"), ("pipeline", "pipeline")):
+        for flag, key in (("workdir", "workdir"), ("rl_minutes", "rl_minutes"), ("pipeline", "pipeline"),
+                          ("max_updates", "max_updates")):
             if getattr(args, flag, None) is not None:
                 data[key] = str(getattr(args, flag)) if flag == "workdir" else getattr(args, flag)
+        if getattr(args, "seed", None) is not None:
+            data["recipe"] = {**(data.get("recipe") or {}), "seed": args.seed}
     return build(StackConfig, data)
 
 

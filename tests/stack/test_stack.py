@@ -88,11 +88,22 @@ def test_a_crashed_service_is_restarted_and_says_so(tmp_path):
 
 
 def test_stop_terminates_services_cleanly(tmp_path):
+    import socket
+
     from dart.bus import free_port
 
+    port = free_port()
     sup = Supervisor(tmp_path / "logs")
-    sup.start(ServiceSpec(name="broker", argv=("broker", "--port", str(free_port()))))
-    time.sleep(2.0)
+    sup.start(ServiceSpec(name="broker", argv=("broker", "--port", str(port))))
+    # stop it once it serves (on a busy machine a SIGTERM during the imports would find no handler yet)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    time.sleep(0.5)
     sup.poll()
     assert sup.status() == {"broker": "running"}
     sup.stop(timeout_s=15)
