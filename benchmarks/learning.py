@@ -1,0 +1,272 @@
+"""Learning that holds: one `dart up` recipe over several seeds, beside a CPU hog, and with each
+of DART's curation knobs turned off in turn (ablations).
+
+Every run is a real `dart up` (broker, env workers, rollout worker, data manager, trainer as
+processes; held-out evaluation of the warm start and of the final policy, 200 greedy episodes
+by default). A run's RL phase is bounded by its update budget (``max_updates``) with the
+config's ``rl_minutes`` as a cap, so a busier machine gives the same number of updates, later.
+
+    # the seeds table (make run's recipe), then seed 0 again beside one busy core
+    .venv/bin/python benchmarks/learning.py --config configs/synthetic.yaml --seeds 0 1 2
+    .venv/bin/python benchmarks/learning.py --config configs/synthetic.yaml --seeds 0 --stress
+    # ablations on the multi-step preset: full dart and each knob off, 3 seeds each
+    .venv/bin/python benchmarks/learning.py --ablate --config configs/grid.yaml --seeds 0 1 2
+
+Runs go to ``--out`` (default ``runs/learning``), one directory per variant and seed; a run
+whose ``summary.json`` exists is not run again (so a long sweep can be resumed). Within a seed,
+every variant starts RL from the same warm start (the first variant's SFT). After each run the
+published weight versions are evaluated at ``--curve-points`` moments (``--curve-episodes``
+held-out episodes each) for the held-out-success-vs-wall-clock curve. Output: a markdown
+table (mean +- spread of the held-out gain per variant) and a PNG, in ``--out`` and in
+``benchmarks/results/`` (``learning_<name>.md|png|json``).
+
+Knobs turned off (relative to the config as given):
+
+- ``no_experience``: no oracle trajectories in the pool, no injection into all-fail groups;
+- ``no_dynamic_rollouts``: every task gets ``group_size`` rollouts (DART: fewer for easy tasks);
+- ``no_dynamic_length``: every episode gets the recipe's ``max_steps`` (DART: per task, from
+  its successful lengths);
+- ``no_entropy_selection``: every step is trained on (DART: the 80 % highest-entropy steps);
+- ``no_tis``: no truncated importance sampling against the rollout engine's log-probs;
+- ``no_clip_higher``: the upper clip equals the lower one (DART: 0.28 over 0.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dart.config import build, load_yaml  # noqa: E402
+from dart.stack.config import StackConfig  # noqa: E402
+from dart.stack.services import deep_merge  # noqa: E402
+
+KNOBS = ("no_experience", "no_dynamic_rollouts", "no_dynamic_length", "no_entropy_selection", "no_tis",
+         "no_clip_higher")
+
+
+def variant_overrides(name: str, base: StackConfig) -> dict[str, Any]:
+    """The config mapping that turns one knob off (``full``: nothing)."""
+    r = base.recipe
+    curation = {
+        "no_experience": {"inject_experience": False},
+        "no_dynamic_rollouts": {"n_min": r.group_size},
+        "no_dynamic_length": {"adaptive_max_steps": False},
+    }
+    loss = {
+        "no_entropy_selection": {"entropy_top_frac": 1.0},
+        "no_tis": {"tis": "off"},
+        "no_clip_higher": {"eps_high": r.loss.eps_low},
+    }
+    if name == "full":
+        return {}
+    if name in curation:
+        out: dict[str, Any] = {"data": {"options": {"curation": curation[name]}}}
+        if name == "no_experience":
+            out["experience_tasks"] = 0
+        return out
+    if name in loss:
+        return {"recipe": {"loss": loss[name]}}
+    raise SystemExit(f"unknown variant {name!r} (known: full, {', '.join(KNOBS)})")
+
+
+def cpu_hog() -> subprocess.Popen:
+    """One process that keeps one core busy (what `stress-ng --cpu 1` does)."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def run_one(config: dict[str, Any], workdir: Path, *, stress: bool, log: Path) -> dict[str, Any]:
+    """One `dart up` of ``config`` in ``workdir``; its summary."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "stack.yaml"
+    path.write_text(yaml.safe_dump({**config, "workdir": str(workdir)}, sort_keys=False))
+    hog = cpu_hog() if stress else None
+    t0 = time.monotonic()
+    try:
+        with open(log, "w") as fh:
+            rc = subprocess.run([sys.executable, "-m", "dart.cli", "up", str(path)], cwd=REPO, stdout=fh,
+                                stderr=subprocess.STDOUT).returncode
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+    summary_path = workdir / "summary.json"
+    if rc != 0 or not summary_path.exists():
+        raise SystemExit(f"dart up failed (exit {rc}) in {workdir}: see {log}")
+    summary = json.loads(summary_path.read_text())
+    summary["wall_s"] = round(time.monotonic() - t0, 1)
+    summary["stress"] = stress
+    summary_path.write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def curve(workdir: Path, cfg: StackConfig, summary: dict[str, Any], *, points: int,
+          episodes: int) -> list[tuple[float, int, float]]:
+    """(minutes into the RL phase, version, held-out success) at ``points`` published versions
+    (the warm start and the final policy from the run's own evaluation)."""
+    from dart.agent.model import load_policy
+    from dart.agent.weights import check_state_dict, state_dict_from_bytes
+    from dart.blobs import LocalBlobStore
+    from dart.data.cli import sql_client
+    from dart.stack.episodes import evaluate
+    from dart.stack.recipe import make_tasks
+
+    client = sql_client(None, f"chdb://{workdir / 'chdb'}", "dart")
+    try:
+        (t0,) = client.query("SELECT toUnixTimestamp64Milli(min(event_time)) FROM requests").result_rows[0]
+        rows = client.query("""SELECT version, toUnixTimestamp64Milli(any(event_time)),
+                               any(blob_digests[indexOf(blob_names, 'model.safetensors')])
+                               FROM weights FINAL GROUP BY version ORDER BY version""").result_rows
+    finally:
+        client.close()
+    out = [(0.0, 0, float(summary["warm_success"]))]
+    if not rows:
+        return out
+    last = len(rows) - 1
+    picks = sorted({round(last * k / max(points - 1, 1)) for k in range(1, points)})
+    _, held_out = make_tasks(cfg.recipe)
+    store = LocalBlobStore(workdir / "blobs")
+    for i in picks:
+        version, at_ms, digest = rows[i]
+        minutes = (int(at_ms) - int(t0)) / 60000
+        if i == last:
+            out.append((minutes, int(version), float(summary["rl_success"])))
+            continue
+        policy = load_policy(summary["warm_model"])
+        state = state_dict_from_bytes(store.get(digest))
+        check_state_dict(policy.model, state)
+        policy.model.load_state_dict(state)
+        out.append((minutes, int(version), evaluate(policy, held_out, episodes, store=store, recipe=cfg.recipe,
+                                                    phase=10 + int(version))))
+    return out
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return f"{100 * mean:+.1f}"
+    return f"{100 * mean:+.1f} ± {100 * statistics.stdev(values):.1f} (min {100 * min(values):+.1f})"
+
+
+def table(results: dict[str, list[dict[str, Any]]]) -> str:
+    lines = ["| variant | seeds | warm start | RL policy | held-out gain (points, mean ± sd) | updates | "
+             "RL minutes | capped |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, runs in results.items():
+        if not runs:
+            continue
+        warm = statistics.fmean(r["warm_success"] for r in runs)
+        rl = statistics.fmean(r["rl_success"] for r in runs)
+        lines.append(
+            f"| {name} | {', '.join(str(r['seed']) for r in runs)} | {warm:.1%} | {rl:.1%} | "
+            f"{spread([r['delta'] for r in runs])} | {statistics.fmean(r['updates'] for r in runs):.0f} | "
+            f"{statistics.fmean(r['rl_s'] for r in runs) / 60:.1f} | "
+            f"{sum(1 for r in runs if r.get('budget_note'))} of {len(runs)} |")
+    lines.append("")
+    lines.append("Per run: " + "; ".join(
+        f"{name} seed {r['seed']}{' +hog' if r.get('stress') else ''}: {r['warm_success']:.1%} -> "
+        f"{r['rl_success']:.1%} ({100 * r['delta']:+.1f}), {r['updates']} updates in {r['rl_s'] / 60:.1f} min"
+        for name, runs in results.items() for r in runs))
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, (name, runs) in enumerate(results.items()):
+        color = f"C{i}"
+        for j, r in enumerate(runs):
+            pts = r.get("curve") or []
+            ax.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", color=color, alpha=0.8,
+                    label=name if j == 0 else None)
+    ax.set(xlabel="minutes into the RL phase", ylabel="held-out success", ylim=(0, 1), title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", type=Path, default=REPO / "configs" / "synthetic.yaml")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--ablate", action="store_true", help="full dart and each knob off in turn")
+    p.add_argument("--variants", nargs="+", help="only these variants (full, " + ", ".join(KNOBS) + ")")
+    p.add_argument("--stress", action="store_true", help="a CPU-heavy process on one core beside every run")
+    p.add_argument("--max-updates", type=int, help="override the config's update budget")
+    p.add_argument("--curve-points", type=int, default=4, help="evaluated moments per run (warm start included)")
+    p.add_argument("--curve-episodes", type=int, default=100, help="held-out episodes per intermediate point")
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "learning")
+    p.add_argument("--name", help="name of the result files (default: the config's name, +ablate, +stress)")
+    args = p.parse_args()
+
+    raw = load_yaml(args.config)
+    if args.max_updates is not None:
+        raw["max_updates"] = args.max_updates
+    base = build(StackConfig, raw)
+    names = args.variants or (["full", *KNOBS] if args.ablate else ["full"])
+    tag = args.name or args.config.stem + ("-ablate" if args.ablate else "") + ("-stress" if args.stress else "")
+    results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for seed in args.seeds:
+        warm: str | None = None
+        for name in names:
+            workdir = (args.out / tag / f"{name}-s{seed}").resolve()
+            config = deep_merge(deep_merge(raw, variant_overrides(name, base)), {"recipe": {"seed": seed}})
+            config["run_id"] = f"{name.replace('_', '-')}-s{seed}"
+            if warm is not None:
+                config["warm_model"] = warm
+            summary_path = workdir / "summary.json"
+            if summary_path.exists():
+                summary = json.loads(summary_path.read_text())
+                print(f"[learning] {name} seed {seed}: already run ({workdir})", flush=True)
+            else:
+                print(f"[learning] {name} seed {seed}: dart up in {workdir}", flush=True)
+                summary = run_one(config, workdir, stress=args.stress, log=workdir.with_suffix(".log"))
+            if "curve" not in summary:
+                summary["curve"] = curve(workdir, build(StackConfig, config), summary, points=args.curve_points,
+                                         episodes=args.curve_episodes)
+                summary_path.write_text(json.dumps(summary, indent=2))
+            summary["seed"] = seed
+            warm = warm or summary["warm_model"]
+            results[name].append(summary)
+            print(f"[learning] {name} seed {seed}: warm {summary['warm_success']:.1%} -> RL "
+                  f"{summary['rl_success']:.1%} ({100 * summary['delta']:+.1f} points), {summary['updates']} "
+                  f"updates in {summary['rl_s'] / 60:.1f} min{'; ' + summary['budget_note'] if summary.get('budget_note') else ''}",
+                  flush=True)
+    text = table(results)
+    print(text)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    header = (f"# {tag}: `benchmarks/learning.py --config {args.config.relative_to(REPO) if args.config.is_absolute() else args.config}"
+              f"{' --ablate' if args.ablate else ''}{' --stress' if args.stress else ''} --seeds "
+              f"{' '.join(map(str, args.seeds))}`\n\n{stamp}, 2-core CPU machine, no GPU; held-out success over "
+              f"{base.recipe.eval_episodes} greedy episodes per number.\n\n")
+    for folder in (args.out / tag, REPO / "benchmarks" / "results"):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"learning_{tag}.md").write_text(header + text + "\n")
+        (folder / f"learning_{tag}.json").write_text(json.dumps(
+            {n: [{k: r.get(k) for k in ("seed", "warm_success", "rl_success", "delta", "updates", "rl_s",
+                                         "budget_note", "stress", "curve", "total_s")} for r in runs]
+             for n, runs in results.items()}, indent=2))
+        plot(results, folder / f"learning_{tag}.png", f"held-out success vs wall clock ({tag})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
