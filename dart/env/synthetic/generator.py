@@ -11,13 +11,12 @@ Presets:
   (held-out SFT grounding 1.00 after 2,500 steps, 0.68 without; see benchmarks/learnability.py).
 - ``buttons``: 224x224, 3-6 grey buttons labelled with words on a 3x3 grid; one click, but the
   policy must read.
-- ``grid``: 112x112 split into 4 x 4 cells of 28 px (one image token each), every cell with
-  its own background tint (row in red, column in blue: a cell's place is in its pixels, as
-  ``tiny``'s shades), 6-12 big checkboxes, some already ticked, and an OK button. "Check every
-  box, then press OK." or "Clear every box, then press OK.": 5-13 steps, each readable from
-  the current screen alone (tick the next box that is wrong, OK when none is), so a
-  from-scratch model can learn it while the episode is long enough for step-wise advantages,
-  per-task trajectory length and high-entropy step selection to matter.
+- ``pages``: 5-10 ``tiny`` screens in a row (quadrant shades, 2-4 coloured buttons each). "Click
+  the red button on each page.": the named colour turns the page (on the last page it submits);
+  any other button sends the agent one page back. 5-10 steps when every click is right, each
+  readable from the current screen alone, so a from-scratch model learns it as fast as ``tiny``
+  while a mistake costs steps: step-wise advantages, per-task trajectory length and
+  high-entropy step selection have long trajectories to work on.
 - ``forms``: 448x336, text fields (click, type), checkboxes, a scrollable list and one or two
   pages (Next, then Submit); 6-15 steps.
 
@@ -39,7 +38,7 @@ from dart.env.synthetic.screen import Spec, validate_spec
 from dart.errors import ConfigError
 
 Split = Literal["train", "eval"]
-PRESETS = ("tiny", "buttons", "forms", "grid")
+PRESETS = ("tiny", "buttons", "forms", "pages")
 SETUP_TYPE = "synthetic_screen"
 STATE_PATH = "/synthetic/state.json"
 METRIC = "synthetic_state_match"
@@ -225,31 +224,22 @@ def _forms(rng: random.Random) -> Built:
     return ("form_two_pages" if two_pages else "form"), spec, instruction, {"submitted": "submit", "values": goals}
 
 
-GRID_CELL = 28
-GRID_TINTS = tuple(tuple((40 + 60 * r, 200, 40 + 60 * c)) for r in range(4) for c in range(4))
-"""Background of the 16 ``grid`` cells, row by row (red rises by row, blue by column)."""
-
-
-def _grid(rng: random.Random) -> Built:
-    cells = [(GRID_CELL * (i % 4), GRID_CELL * (i // 4)) for i in range(16)]
-    widgets: list[dict[str, Any]] = [
-        {"kind": "panel", "color": list(GRID_TINTS[i]), "box": [x, y, x + GRID_CELL, y + GRID_CELL], "page": 0}
-        for i, (x, y) in enumerate(cells)]
-    order = rng.sample(range(16), 16)
-    ok_cell, box_cells = order[0], sorted(order[1: 1 + rng.randint(6, 12)])
-    check = rng.random() < 0.5
-    wrong = set(rng.sample(box_cells, rng.randint(4, len(box_cells))))  # the boxes to toggle
-    for i in box_cells:
-        x, y = cells[i]
-        widgets.append({"kind": "checkbox", "name": f"box{i}", "label": "", "page": 0,
-                        "box": [x + 4, y + 4, x + GRID_CELL - 4, y + GRID_CELL - 4],
-                        "checked": (i not in wrong) if check else (i in wrong)})
-    x, y = cells[ok_cell]
-    widgets.append(_button("ok", "OK", COLORS["green"], (x + 2, y + 2, x + GRID_CELL - 2, y + GRID_CELL - 2), "submit"))
-    spec: Spec = {"width": 112, "height": 112, "tolerance": 2, "font_size": 9, "widgets": widgets}
-    goal = {"submitted": "ok", "values": {f"box{i}": check for i in box_cells}}
-    verb = "Check" if check else "Clear"
-    return f"grid_{verb.lower()}", spec, f"{verb} every box, then press OK.", goal
+def _pages(rng: random.Random) -> Built:
+    n = rng.randint(5, 10)
+    target = rng.choice(sorted(COLORS))
+    widgets: list[dict[str, Any]] = []
+    for page in range(n):
+        widgets += [{"kind": "panel", "color": list(c), "box": list(q), "page": page}
+                    for q, c in zip(_TINY_QUADRANTS, TINY_SHADES, strict=True)]
+        slots = list(_TINY_SLOTS)
+        rng.shuffle(slots)
+        others = rng.sample([c for c in sorted(COLORS) if c != target], rng.choice((1, 2, 3)))
+        for i, c in enumerate([target, *others]):
+            turn = "submit" if page == n - 1 else "next"
+            widgets.append(_button(f"{c}{page}", c.capitalize(), COLORS[c], slots[i],
+                                   turn if c == target else "back", page=page))
+    spec: Spec = {"width": 112, "height": 112, "tolerance": 4, "font_size": 10, "widgets": widgets}
+    return "pages", spec, f"Click the {target} button on each page.", {"submitted": f"{target}{n - 1}"}
 
 
 def _button(
@@ -259,4 +249,4 @@ def _button(
 
 
 _BUILDERS: dict[str, Callable[[random.Random], Built]] = {"tiny": _tiny, "buttons": _buttons, "forms": _forms,
-                                                          "grid": _grid}
+                                                          "pages": _pages}
