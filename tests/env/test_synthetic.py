@@ -132,6 +132,37 @@ def test_wrong_button_ends_the_task_with_score_zero():
     )
 
 
+def _center(w):
+    x0, y0, x1, y1 = w["box"]
+    return Click(x=(x0 + x1) / 2, y=(y0 + y1) / 2)
+
+
+def test_pages_the_named_colour_turns_the_page_and_a_wrong_button_goes_back():
+    task = make_task("pages", 3)
+    spec, goal = screen_of(task), goal_of(task)
+    colour = task["instruction"].split()[2]
+    pages = 1 + max(w["page"] for w in spec["widgets"])
+    assert 5 <= pages <= 10 and len(oracle_plan(task)) == pages
+    assert task["instruction"] == f"Click the {colour} button on each page."
+
+    def on(page, right):
+        return next(w for w in spec["widgets"] if w["kind"] == "button" and w["page"] == page
+                    and w["name"].startswith(colour) == right)
+
+    state = _run(task, [_center(on(0, True)), _center(on(1, True))])
+    assert state["page"] == 2 and not state["done"]
+    state = apply(spec, state, _center(on(2, False)))          # a wrong colour: one page back, not the end
+    assert state["page"] == 1 and not state["done"]
+    for page in range(1, pages):
+        state = apply(spec, state, _center(on(page, True)))
+    assert state["done"] and state_match(state, goal) == 1.0    # the last page's colour submits
+    # every page has the quadrant shades and 2-4 buttons, one of them the named colour
+    for page in range(pages):
+        buttons = [w for w in spec["widgets"] if w["page"] == page and w["kind"] == "button"]
+        assert 2 <= len(buttons) <= 4 and sum(b["name"].startswith(colour) for b in buttons) == 1
+        assert sum(w["kind"] == "panel" and w["page"] == page for w in spec["widgets"]) == 4
+
+
 def test_check_then_ok_needs_both_steps():
     task = next(t for t in generate_tasks(80, preset="tiny", seed=0) if t["instruction"].startswith("Check"))
     plan = oracle_plan(task)
