@@ -16,7 +16,7 @@ FUZZ_TESTS := tests/events/test_codec_fuzz.py tests/agent/test_uitars_properties
               tests/vm/test_protocol_fuzz.py tests/data/test_sqlguard.py
 FUZZ_EXAMPLES ?= 20000
 
-.PHONY: run test fuzz install system-deps bench lint clean
+.PHONY: run test fuzz install system-deps bench ablate lint clean
 
 run: install
 	$(DART) doctor || true
@@ -32,6 +32,10 @@ fuzz: install
 
 bench: install
 	$(PY) benchmarks/run_all.py
+
+# Learning runs are benchmarks, not tests: each is a whole `dart up` (~20-30 min on 2 cores).
+ablate: install
+	$(PY) benchmarks/learning.py --ablate --config configs/pages.yaml --seeds 0 1 2
 
 lint: install
 	$(VENV)/bin/ruff check .
