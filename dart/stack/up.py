@@ -254,7 +254,6 @@ def _rl_phase(cfg: StackConfig, supervisor: Supervisor, workdir: Path, *, stop_a
     t0 = time.monotonic()
     snap = progress.snapshot()
     recoveries = 0
-    last_check = t0
     stopped_by = "clock"
     while True:
         time.sleep(1.0)
@@ -262,17 +261,17 @@ def _rl_phase(cfg: StackConfig, supervisor: Supervisor, workdir: Path, *, stop_a
             recover_broker(broker, supervisor, bus, workdir / "log")
             recoveries += 1
         supervisor.poll()
-        now = time.monotonic()
-        elapsed = now - t0
-        # the update budget is checked every few seconds, the display redrawn when due
-        if display.due() or elapsed >= budget_s or (cfg.max_updates and now - last_check >= 3.0):
-            snap, last_check = progress.snapshot(), now
-            if display.due() or elapsed >= budget_s:
-                display.show(render(snap, supervisor.status(), elapsed_s=elapsed, budget_s=budget_s,
-                                    events=supervisor.events, max_updates=cfg.max_updates))
-        if cfg.max_updates and snap.updates >= cfg.max_updates:
+        elapsed = time.monotonic() - t0
+        if display.due() or elapsed >= budget_s:
+            snap = progress.snapshot()
+            display.show(render(snap, supervisor.status(), elapsed_s=elapsed, budget_s=budget_s,
+                                events=supervisor.events, max_updates=cfg.max_updates))
+        # the update budget from the trainer's checkpoints (a directory listing, not a query
+        # through the data manager, which has better things to do with the CPU)
+        if cfg.max_updates and (done := updates_done(workdir / "checkpoints")) >= cfg.max_updates:
             stopped_by = "updates"
-            say(f"{snap.updates} of {cfg.max_updates} updates done in {elapsed / 60:.1f} min")
+            say(f"{done} of {cfg.max_updates} updates done in {elapsed / 60:.1f} min")
+            snap = progress.snapshot()
             break
         if elapsed >= budget_s:
             say(f"RL phase over after {elapsed / 60:.1f} min")
@@ -281,16 +280,29 @@ def _rl_phase(cfg: StackConfig, supervisor: Supervisor, workdir: Path, *, stop_a
             stopped_by = "failure"
             say("a service failed for good: stopping (see the logs under " f"{workdir / 'logs'})")
             break
-    out = {"rl_s": round(time.monotonic() - t0, 1), "updates": snap.updates, "trajectories": snap.trajectories,
+    updates = max(snap.updates, updates_done(workdir / "checkpoints"))  # the projection may lag a beat
+    out = {"rl_s": round(time.monotonic() - t0, 1), "updates": updates, "trajectories": snap.trajectories,
            "policy_version": snap.version, "trajectories_success": snap.successes,
            "infra_errors": snap.infra_errors, "utilisation": snap.utilisation,
            "staleness_mean": snap.staleness_mean, "by_version": snap.by_version, "broker_restores": recoveries,
            "stopped_by": stopped_by, "max_updates": cfg.max_updates}
-    note = budget_note(stopped_by, snap.updates, cfg.max_updates, budget_s)
+    note = budget_note(stopped_by, updates, cfg.max_updates, budget_s)
     if note:
         out["budget_note"] = note
         say(note)
     return out
+
+
+def updates_done(checkpoint_dir: Path) -> int:
+    """Trainer updates so far: the step of its newest checkpoint (one per update, 0 = the start)."""
+    from dart.train.checkpoint import latest_checkpoint as newest
+    from dart.train.checkpoint import read_state
+
+    found = newest(checkpoint_dir)
+    try:
+        return read_state(found).step if found is not None else 0
+    except (OSError, ValueError):
+        return 0
 
 
 def budget_note(stopped_by: str, updates: int, max_updates: int, cap_s: float) -> str:

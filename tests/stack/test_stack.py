@@ -139,3 +139,15 @@ def test_budget_note_says_when_the_cap_cut_the_run_short():
 def test_dart_up_help_works():
     out = subprocess.run([sys.executable, "-m", "dart.cli", "up", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "pipeline" in out.stdout
+
+
+def test_updates_done_reads_the_trainers_newest_checkpoint(tmp_path):
+    from dart.stack.up import updates_done
+    from dart.train.checkpoint import TrainState, commit_checkpoint
+
+    assert updates_done(tmp_path / "none") == 0
+    state = TrainState()
+    for _ in range(3):
+        commit_checkpoint(tmp_path, state, lambda d: (d / "model.safetensors").write_bytes(b"w"), keep=2)
+        state = state.updated(publish=True)
+    assert updates_done(tmp_path) == 2
