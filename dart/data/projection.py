@@ -43,12 +43,35 @@ def write_events(store: Store, events: Sequence[Event]) -> int:
 # ---------------------------------------------------------------- curation statistics
 
 
+def latest_outcomes(db: str, *, trajectories: str, rewards: str | None = None) -> str:
+    """The ``trajectory_rewards`` view (schema.py) over only the rollouts that have a trajectory
+    row matching ``trajectories`` (and, if given, a reward row matching ``rewards``), as a subquery.
+
+    Exact under any outer filter that implies those predicates on the latest row and its latest
+    reward: that row (or reward) itself matches, so its rollout is among those kept, and a kept
+    rollout keeps all its rows. Only those rollouts are sorted and joined, not every one of the
+    run (at 10M steps the view rebuilds 500k latest rows per call).
+    """
+    ids = f"SELECT rollout_id FROM {db}.trajectories WHERE {trajectories}"
+    if rewards is not None:
+        ids += f" AND rollout_id IN (SELECT rollout_id FROM {db}.rewards WHERE {rewards})"
+    return f"""(SELECT t.*, r.reward AS reward, r.evaluator AS evaluator, r.has_reward AS has_reward
+        FROM (SELECT * FROM {db}.trajectories FINAL WHERE rollout_id IN ({ids})
+              ORDER BY event_time DESC, event_id LIMIT 1 BY rollout_id) AS t
+        LEFT JOIN (
+            SELECT rollout_id, argMax(reward, event_time) AS reward, argMax(evaluator, event_time) AS evaluator,
+                   1 AS has_reward
+            FROM {db}.rewards FINAL WHERE rollout_id IN ({ids}) GROUP BY rollout_id
+        ) AS r USING rollout_id)"""
+
+
 def recent_outcomes(store: Store, *, mode: str, oldest_version: int, window: int) -> list[Outcome]:
     """Per task, the last ``window`` scored online non-infra trajectories of versions >= oldest_version."""
+    where = ("mode = {mode:String} AND origin = 'online' AND status != 'infra_error' "
+             "AND max_policy_version >= {oldest:Int64}")
     rows = store.query(
-        f"""SELECT {_OUTCOME_COLS} FROM {store.database}.trajectory_rewards
-        WHERE mode = {{mode:String}} AND origin = 'online' AND status != 'infra_error' AND has_reward = 1
-          AND max_policy_version >= {{oldest:Int64}}
+        f"""SELECT {_OUTCOME_COLS} FROM {latest_outcomes(store.database, trajectories=where, rewards="1")}
+        WHERE {where} AND has_reward = 1
         ORDER BY event_time DESC, rollout_id DESC LIMIT {{window:UInt32}} BY task_id""",
         {"mode": mode, "oldest": oldest_version, "window": window},
     )
@@ -57,8 +80,9 @@ def recent_outcomes(store: Store, *, mode: str, oldest_version: int, window: int
 
 def success_lengths(store: Store, *, threshold: float) -> dict[str, list[int]]:
     """Per task, the longest successful trajectory (any origin: a success shows what it takes)."""
+    src = latest_outcomes(store.database, trajectories="status != 'infra_error'", rewards="reward >= {thr:Float64}")
     rows = store.query(
-        f"""SELECT task_id, max(num_steps) FROM {store.database}.trajectory_rewards
+        f"""SELECT task_id, max(num_steps) FROM {src}
         WHERE has_reward = 1 AND reward >= {{thr:Float64}} AND status != 'infra_error' GROUP BY task_id""",
         {"thr": threshold},
     )
@@ -67,10 +91,11 @@ def success_lengths(store: Store, *, threshold: float) -> dict[str, list[int]]:
 
 def experience_pool(store: Store, *, threshold: float, per_task: int = 64) -> dict[str, list[Outcome]]:
     """Successful experience/oracle trajectories per task."""
+    where = "origin IN {origins:Array(String)} AND status != 'infra_error'"
     rows = store.query(
-        f"""SELECT {_OUTCOME_COLS} FROM {store.database}.trajectory_rewards
-        WHERE origin IN {{origins:Array(String)}} AND has_reward = 1 AND reward >= {{thr:Float64}}
-          AND status != 'infra_error'
+        f"""SELECT {_OUTCOME_COLS}
+        FROM {latest_outcomes(store.database, trajectories=where, rewards="reward >= {thr:Float64}")}
+        WHERE {where} AND has_reward = 1 AND reward >= {{thr:Float64}}
         ORDER BY rollout_id LIMIT {{n:UInt32}} BY task_id""",
         {"origins": list(POOL_ORIGINS), "thr": threshold, "n": per_task},
     )
@@ -183,10 +208,16 @@ def serving_versions(store: Store, workers: Sequence[str]) -> dict[str, int]:
 # ---------------------------------------------------------------- batching
 
 
-def used_rollouts(store: Store) -> tuple[set[str], int]:
-    """Rollout ids already in a projected batch, and the highest batch seq (-1: none)."""
+def used_rollouts(store: Store, among: Sequence[str] | None = None) -> tuple[set[str], int]:
+    """Rollout ids already in a projected batch (only those in ``among`` when given: at 10M steps
+    all of them are 450k ids to ship to Python), and the highest batch seq (-1: none)."""
     db = store.database
-    used = {r[0] for r in store.query(f"SELECT DISTINCT arrayJoin(rollout_ids) FROM {db}.batches")}
+    if among is None:
+        used = {r[0] for r in store.query(f"SELECT DISTINCT arrayJoin(rollout_ids) FROM {db}.batches")}
+    else:
+        used = {r[0] for r in store.query(
+            f"""SELECT DISTINCT r FROM (SELECT arrayJoin(rollout_ids) AS r FROM {db}.batches)
+            WHERE r IN {{ids:Array(String)}}""", {"ids": list(among)})}
     rows = store.query(f"SELECT max(seq), count() FROM {db}.batches")
     return used, (int(rows[0][0]) if rows[0][1] else -1)
 
@@ -219,22 +250,8 @@ def open_groups(store: Store, *, mode: str) -> tuple[list[GroupProgress], dict[s
         return [], {}, {}
     ids = [g[0] for g in groups]
     outcomes: dict[str, list[Outcome]] = defaultdict(list)
-    # The trajectory_rewards view with the group filter inside it: filtering after the view would
-    # first rebuild the latest row of every trajectory of the run (1 s at 10M steps, against 0.35 s).
-    # Exact, because a rollout never changes group.
-    for r in store.query(
-        f"""SELECT {_OUTCOME_COLS} FROM (
-            SELECT t.*, r.reward AS reward, r.has_reward AS has_reward
-            FROM (SELECT * FROM {db}.trajectories FINAL WHERE group_id IN {{ids:Array(String)}}
-                  ORDER BY event_time DESC, event_id LIMIT 1 BY rollout_id) AS t
-            LEFT JOIN (
-                SELECT rollout_id, argMax(reward, event_time) AS reward, 1 AS has_reward
-                FROM {db}.rewards FINAL
-                WHERE rollout_id IN (SELECT rollout_id FROM {db}.trajectories WHERE group_id IN {{ids:Array(String)}})
-                GROUP BY rollout_id
-            ) AS r USING rollout_id)""",
-        {"ids": ids},
-    ):
+    src = latest_outcomes(db, trajectories="group_id IN {ids:Array(String)}")
+    for r in store.query(f"SELECT {_OUTCOME_COLS} FROM {src}", {"ids": ids}):
         outcomes[r[2]].append(_outcome(r))
     progress, requested, templates = [], {}, {}
     for gid, task, size, opened, pairs, backend, max_steps in groups:
