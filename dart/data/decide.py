@@ -76,7 +76,6 @@ def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_reque
 class BatchInputs:
     groups: list[GroupProgress]
     used: set[str]
-    """Rollouts of ``groups`` already in a batch."""
     last_seq: int
     pool: dict
     current_version: int
@@ -84,8 +83,7 @@ class BatchInputs:
 
 def batch_inputs(store: Store, cfg: DataConfig) -> BatchInputs:
     groups, _, _ = q.open_groups(store, mode=cfg.scheduler.mode)
-    # The batcher asks only whether an open group's rollout is used.
-    used, last_seq = q.used_rollouts(store, among=[o.rollout_id for g in groups for o in g.outcomes])
+    used, last_seq = q.used_rollouts(store)
     pool = q.experience_pool(store, threshold=cfg.curation.success_threshold) if cfg.curation.inject_experience else {}
     return BatchInputs(groups, used, last_seq, pool, q.current_version(store))
 

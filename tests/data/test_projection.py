@@ -206,14 +206,3 @@ def test_filtered_outcome_queries_return_what_the_whole_view_returns(store: Stor
     ids = "(" + ", ".join(f"'{g.group_id}'" for g in groups) + ")"
     assert by_id(o for g in groups for o in g.outcomes) == by_id(q._outcome(r) for r in old("open", groups=ids))
 
-
-def test_used_rollouts_among_some_ids_is_the_intersection(store: Store) -> None:
-    from tests.data.factories import service_events
-
-    events, trajs = group("a", [1.0, 0.0, 1.0])
-    ids = [t.rollout_id for t in trajs]
-    q.write_events(store, [*events, *service_events(ids[:2])])
-    every, seq = q.used_rollouts(store)
-    assert every == set(ids[:2])
-    assert q.used_rollouts(store, among=[ids[1], ids[2], "nope"]) == ({ids[1]}, seq)
-    assert q.used_rollouts(store, among=[]) == (set(), seq)
