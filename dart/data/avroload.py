@@ -3,13 +3,13 @@
 The Python path (``rows.py``: decode every record into a typed event, map it to a dict, insert
 the dicts) costs ~100 µs per event, 5-10x the insert it feeds. Here the single-object records of
 one fetch are laid, as they are on the log, into an Avro Object Container File (one per event
-type: the current writer schema in its header, the bodies in one block), and one
+type: the current writer schema in its header, the records in one block), and one
 ``INSERT … SELECT <the row mapping of rows.py, in SQL> FROM file(…, 'Avro')`` projects them.
 
 It must give byte-identical rows to the Python path (``dart replay`` compares checksums), and
 every record the Python path would reject must still reach the dead-letter topic with its
 error. So a record takes this path only when ClickHouse can show it is one the SQL mapping
-renders exactly (``_ok``): every string valid UTF-8 (fastavro decodes strictly), packed arrays a
+renders exactly (``Plan.checks``): every string valid UTF-8 (fastavro decodes strictly), packed arrays a
 whole number of floats, map keys distinct (a dict keeps one), action texts and coordinates that
 ``json.dumps`` writes the way the SQL writes them, and the body ending where the record does (a
 sentinel after each body). Anything else (old schema versions, garbage, the odd non-ASCII
