@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
@@ -26,6 +26,7 @@ from dart.errors import DecodeError
 from dart.events import DeadLetter, Event, decode
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,9 @@ class Delivered:
 
 Handler = Callable[[Delivered], Awaitable[None]]
 BatchHandler = Callable[[list[Delivered]], Awaitable[None]]
+RawBatchHandler = Callable[[list[Any]], Awaitable[Sequence[tuple[Any, DecodeError]]]]
+"""Takes a fetch's records undecoded (aiokafka ConsumerRecords); returns those that do not
+decode, with why (the consumer dead-letters them)."""
 
 
 class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -64,7 +68,9 @@ class Consumer:
 
     Give ``handler`` (one record at a time; failures go to the DLQ after ``handler_retries``)
     or ``batch_handler`` (a list per partition fetch, for batched inserts; if it keeps failing
-    the consumer raises and nothing of that batch is committed).
+    the consumer raises and nothing of that batch is committed), or ``raw_batch_handler`` (the
+    same, but the records undecoded: the handler decodes them itself and returns the ones that do
+    not decode, which go to the dead-letter topic like any other).
     """
 
     def __init__(
@@ -75,6 +81,7 @@ class Consumer:
         group: str,
         handler: Handler | None = None,
         batch_handler: BatchHandler | None = None,
+        raw_batch_handler: RawBatchHandler | None = None,
         from_beginning: bool = True,
         max_batch: int = 500,
         handler_retries: int = 2,
@@ -83,13 +90,14 @@ class Consumer:
         client_id: str | None = None,
         concurrent_partitions: bool = False,
     ) -> None:
-        if (handler is None) == (batch_handler is None):
-            raise ValueError("give exactly one of handler or batch_handler")
+        if sum(h is not None for h in (handler, batch_handler, raw_batch_handler)) != 1:
+            raise ValueError("give exactly one of handler, batch_handler or raw_batch_handler")
         self.cfg = cfg
         self.topics = list(topics)
         self.group = group
         self.handler = handler
         self.batch_handler = batch_handler
+        self.raw_batch_handler = raw_batch_handler
         # NOTE: Tansu answers "latest" with a wrong offset; new groups start from the earliest
         # record unless told otherwise, and resume from their committed offsets after that.
         self.from_beginning = from_beginning
@@ -144,6 +152,9 @@ class Consumer:
                     fetch.cancel()
                     break
                 batches = fetch.result()
+                if self.raw_batch_handler is not None and batches:
+                    await self._consume_raw(consumer, batches)
+                    batches = {}
                 if self.concurrent_partitions and len(batches) > 1:
                     await asyncio.gather(*(self._consume(consumer, tp, recs) for tp, recs in batches.items()))
                     batches = {}
@@ -190,6 +201,20 @@ class Consumer:
             log.warning("%s: commit of %s[%d]@%d failed (%s); the records will be redelivered",
                         self.group, tp.topic, tp.partition, last.offset + 1, exc)
 
+    async def _consume_raw(self, consumer: AIOKafkaConsumer, batches: dict[TopicPartition, list[Any]]) -> None:
+        # One call for the whole fetch, every partition: the handler writes one insert per event
+        # type, not one per partition (each insert has a fixed cost that small ones pay per record).
+        records = [rec for recs in batches.values() for rec in recs]
+        for rec, exc in await self._retrying(self.raw_batch_handler, records):
+            await self._dead_letter(rec, "decode", exc)
+        self.handled += len(records)
+        # Commit only after every record of the fetch had its effect (or went to the DLQ).
+        try:
+            await consumer.commit({tp: recs[-1].offset + 1 for tp, recs in batches.items()})
+        except (CommitFailedError, KafkaError) as exc:
+            log.warning("%s: commit of %d partitions failed (%s); the records will be redelivered",
+                        self.group, len(batches), exc)
+
     async def _decode(self, rec: Any) -> Delivered | None:
         try:
             event = decode(rec.value)
@@ -199,11 +224,10 @@ class Consumer:
         return Delivered(event, rec.topic, rec.partition, rec.offset, rec.key, dict(rec.headers or ()),
                          rec.timestamp)
 
-    async def _retrying(self, fn: Callable[[Any], Awaitable[None]], arg: Any) -> None:
+    async def _retrying(self, fn: Callable[[Any], Awaitable[T]], arg: Any) -> T:
         for attempt in range(self.handler_retries + 1):
             try:
-                await fn(arg)
-                return
+                return await fn(arg)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -212,6 +236,7 @@ class Consumer:
                 log.warning("%s: handler failed (%s: %s), retry %d/%d", self.group, type(exc).__name__, exc,
                             attempt + 1, self.handler_retries)
                 await asyncio.sleep(self.retry_backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
 
     async def _dead_letter(self, rec: Any, stage: str, exc: BaseException) -> None:
         self.dead_lettered += 1

@@ -56,6 +56,10 @@ class ProjectionConfig:
     consumer's poll window (time); the offsets are committed only after the insert."""
     group: str = "data-manager"
     """Consumer group of the projection consumer."""
+    clickhouse_decode: bool = True
+    """ClickHouse decodes the Avro records and maps them to rows itself (``dart/data/avroload.py``;
+    embedded chdb only, ~10x faster); false: every record is decoded and mapped in Python
+    (``rows.py``). Both write the same rows."""
 
     def __post_init__(self) -> None:
         require(self.batch_rows >= 1, "batch_rows", f"must be >= 1, got {self.batch_rows}")

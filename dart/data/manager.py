@@ -16,9 +16,11 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from dart.blobs import BlobStore
-from dart.bus import BusConfig, Consumer, Delivered, Producer, read_topic
+from dart.bus import BusConfig, Consumer, Producer, read_topic
+from dart.data import avroload
 from dart.data import projection as q
 from dart.data.batcher import build_manifest, plan_batch
 from dart.data.config import DataConfig
@@ -27,6 +29,7 @@ from dart.data.decide import batch_inputs, round_inputs, schedule_inputs
 from dart.data.http import SqlServer, Writer
 from dart.data.scheduler import Plan, PlannedRequest, plan_requests
 from dart.data.store import AsyncStore, Store, http_file
+from dart.errors import DecodeError
 from dart.events import BatchAssembled, RolloutRequested, Sampling
 
 log = logging.getLogger(__name__)
@@ -54,10 +57,11 @@ class DataManager:
         self._own_producer = producer is None
         self.rng = random.Random(seed)
         self.consumer = Consumer(bus, topics=bus.topics.all(), group=cfg.projection.group,
-                                 batch_handler=self.project, max_batch=cfg.projection.batch_rows,
+                                 raw_batch_handler=self.project, max_batch=cfg.projection.batch_rows,
                                  client_id=f"{cfg.worker_id}-projection")
         self.sql: SqlServer | None = None
         self.projected = 0
+        self.projected_by_clickhouse = 0
         self._last_projected = time.monotonic()
         self._stopping = asyncio.Event()
         self._drain: asyncio.Task[None] | None = None
@@ -72,11 +76,15 @@ class DataManager:
 
     # ---------------------------------------------------------------- projection
 
-    async def project(self, batch: list[Delivered]) -> None:
-        """Write a fetch's events to the projection; the consumer commits only after this returns."""
-        await self.store.run(q.write_events, self.store.store, [d.event for d in batch])
-        self.projected += len(batch)
+    async def project(self, records: list[Any]) -> list[tuple[Any, DecodeError]]:
+        """Write a fetch's records to the projection; returns those that do not decode (the
+        consumer dead-letters them, then commits: only after this returns)."""
+        done = await self.store.run(avroload.project_records, self.store.store, records, q.write_events,
+                                    self.cfg.projection.clickhouse_decode)
+        self.projected += done.events
+        self.projected_by_clickhouse += done.by_sql
         self._last_projected = time.monotonic()
+        return done.failed
 
     async def caught_up(self) -> None:
         """Wait until the consumer joined and the replay of the log went quiet."""

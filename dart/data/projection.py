@@ -43,8 +43,32 @@ def write_events(store: Store, events: Sequence[Event]) -> int:
 # ---------------------------------------------------------------- curation statistics
 
 
+def latest_outcomes(db: str, *, trajectories: str, rewards: str | None = None) -> str:
+    """The ``trajectory_rewards`` view (schema.py) over only the rollouts that have a trajectory
+    row matching ``trajectories`` (and, if given, a reward row matching ``rewards``), as a subquery.
+
+    Exact under any outer filter that implies those predicates on the latest row and its latest
+    reward: that row (or reward) itself matches, so its rollout is among those kept, and a kept
+    rollout keeps all its rows. Only those rollouts are sorted and joined, not every one of the
+    run (at 10M steps the view rebuilds 500k latest rows per call).
+    """
+    ids = f"SELECT rollout_id FROM {db}.trajectories WHERE {trajectories}"
+    if rewards is not None:
+        ids += f" AND rollout_id IN (SELECT rollout_id FROM {db}.rewards WHERE {rewards})"
+    return f"""(SELECT t.*, r.reward AS reward, r.evaluator AS evaluator, r.has_reward AS has_reward
+        FROM (SELECT * FROM {db}.trajectories FINAL WHERE rollout_id IN ({ids})
+              ORDER BY event_time DESC, event_id LIMIT 1 BY rollout_id) AS t
+        LEFT JOIN (
+            SELECT rollout_id, argMax(reward, event_time) AS reward, argMax(evaluator, event_time) AS evaluator,
+                   1 AS has_reward
+            FROM {db}.rewards FINAL WHERE rollout_id IN ({ids}) GROUP BY rollout_id
+        ) AS r USING rollout_id)"""
+
+
 def recent_outcomes(store: Store, *, mode: str, oldest_version: int, window: int) -> list[Outcome]:
     """Per task, the last ``window`` scored online non-infra trajectories of versions >= oldest_version."""
+    # NOTE: the whole view, not latest_outcomes: the version window keeps most rollouts of a run
+    # (90 % in the 10M-step benchmark), and the rollout filter then costs more than it saves.
     rows = store.query(
         f"""SELECT {_OUTCOME_COLS} FROM {store.database}.trajectory_rewards
         WHERE mode = {{mode:String}} AND origin = 'online' AND status != 'infra_error' AND has_reward = 1
@@ -66,11 +90,12 @@ def success_lengths(store: Store, *, threshold: float) -> dict[str, list[int]]:
 
 
 def experience_pool(store: Store, *, threshold: float, per_task: int = 64) -> dict[str, list[Outcome]]:
-    """Successful experience/oracle trajectories per task."""
+    """Successful experience/oracle trajectories per task (a few rollouts of a run: filtered first)."""
+    where = "origin IN {origins:Array(String)} AND status != 'infra_error'"
     rows = store.query(
-        f"""SELECT {_OUTCOME_COLS} FROM {store.database}.trajectory_rewards
-        WHERE origin IN {{origins:Array(String)}} AND has_reward = 1 AND reward >= {{thr:Float64}}
-          AND status != 'infra_error'
+        f"""SELECT {_OUTCOME_COLS}
+        FROM {latest_outcomes(store.database, trajectories=where, rewards="reward >= {thr:Float64}")}
+        WHERE {where} AND has_reward = 1 AND reward >= {{thr:Float64}}
         ORDER BY rollout_id LIMIT {{n:UInt32}} BY task_id""",
         {"origins": list(POOL_ORIGINS), "thr": threshold, "n": per_task},
     )
@@ -219,22 +244,8 @@ def open_groups(store: Store, *, mode: str) -> tuple[list[GroupProgress], dict[s
         return [], {}, {}
     ids = [g[0] for g in groups]
     outcomes: dict[str, list[Outcome]] = defaultdict(list)
-    # The trajectory_rewards view with the group filter inside it: filtering after the view would
-    # first rebuild the latest row of every trajectory of the run (1 s at 10M steps, against 0.35 s).
-    # Exact, because a rollout never changes group.
-    for r in store.query(
-        f"""SELECT {_OUTCOME_COLS} FROM (
-            SELECT t.*, r.reward AS reward, r.has_reward AS has_reward
-            FROM (SELECT * FROM {db}.trajectories FINAL WHERE group_id IN {{ids:Array(String)}}
-                  ORDER BY event_time DESC, event_id LIMIT 1 BY rollout_id) AS t
-            LEFT JOIN (
-                SELECT rollout_id, argMax(reward, event_time) AS reward, 1 AS has_reward
-                FROM {db}.rewards FINAL
-                WHERE rollout_id IN (SELECT rollout_id FROM {db}.trajectories WHERE group_id IN {{ids:Array(String)}})
-                GROUP BY rollout_id
-            ) AS r USING rollout_id)""",
-        {"ids": ids},
-    ):
+    src = latest_outcomes(db, trajectories="group_id IN {ids:Array(String)}")
+    for r in store.query(f"SELECT {_OUTCOME_COLS} FROM {src}", {"ids": ids}):
         outcomes[r[2]].append(_outcome(r))
     progress, requested, templates = [], {}, {}
     for gid, task, size, opened, pairs, backend, max_steps in groups:

@@ -25,7 +25,7 @@ from dart.data.config import (
 from dart.data.manager import DataManager
 from dart.data.rows import TABLES
 from dart.data.store import Store
-from dart.events import BatchAssembled, RolloutRequested
+from dart.events import BatchAssembled, RolloutRequested, decode, encode
 from dart.events.manifest import BatchManifest
 from tests.data.factories import Traj, group, heartbeat, task
 
@@ -251,3 +251,29 @@ async def test_experience_on_the_log_rescues_an_all_fail_group(
     assert len(injected) == 1 and injected[0].sft and injected[0].reward == 1.0
     assert injected[0].group_id == all_fail[0].group_id       # trained as part of the failing group
     assert injected[0].context.screenshot_digest == "a" * 64
+
+
+async def test_clickhouse_projects_the_log_and_malformed_records_still_reach_the_dlq(
+        bus: BusConfig, store: Store, blobs, chdb_path) -> None:
+    events, _ = group("a", [1.0, 0.0, 1.0], steps=3)
+    events += [task("a"), heartbeat("env-1", 4)]
+    await send_all(bus, events)
+    producer = Producer(bus)
+    try:
+        garbage = await producer.send_raw(b"\xc3\x01garbage!", bus.topics.rewards, b"k", partition=0)
+        cut = await producer.send_raw(encode(events[1])[:-4], bus.topics.observations, b"c", partition=0)
+    finally:
+        producer.close()
+    dm = DataManager(config(), bus, store=store, blobs=blobs)
+    await run_until(dm, lambda: projected(dm, len(events)))
+    assert dm.consumer.dead_lettered == 2 and dm.projected_by_clickhouse > len(events) // 2
+    letters = {(d.event.source_topic, d.event.offset): d.event async for d in read_topic(bus, bus.topics.dlq)}
+    assert set(letters) == {(bus.topics.rewards, garbage.offset), (bus.topics.observations, cut.offset)}
+    assert "unknown schema fingerprint" in letters[bus.topics.rewards, garbage.offset].error
+    assert letters[bus.topics.observations, cut.offset].error_type == "DecodeError"
+    direct = Store.open_dsn(f"chdb://{chdb_path}", database=f"d{uuid.uuid4().hex[:8]}")
+    direct.migrate()
+    q.write_events(direct, [decode(encode(e)) for e in events])     # the Python path, as the consumer decoded
+    tables = {t: rows for t, rows in snapshot(store).items() if t != "dead_letters"}   # it projects its own DLQ
+    assert tables == {t: rows for t, rows in snapshot(direct).items() if t != "dead_letters"}
+    direct.command(f"DROP DATABASE {direct.database}")

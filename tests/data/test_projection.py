@@ -144,3 +144,65 @@ def test_a_redone_rollout_counts_once_and_its_latest_steps_win(store: Store) -> 
     assert next(o for o in g.outcomes if o.rollout_id == first.rollout_id).num_steps == 5
     steps = q.steps_of(store, [first.rollout_id])[first.rollout_id]
     assert len(steps) == 5 and all(s.mean_entropy == pytest.approx(0.9) for s in steps)
+
+
+# The curation queries as they read the whole trajectory_rewards view before the rollout filter
+# moved inside it (latest_outcomes): the reference the new queries must equal row for row.
+_OLD = {
+    "recent": """SELECT {cols} FROM {db}.trajectory_rewards
+        WHERE mode = 'train' AND origin = 'online' AND status != 'infra_error' AND has_reward = 1
+          AND max_policy_version >= {oldest}
+        ORDER BY event_time DESC, rollout_id DESC LIMIT 3 BY task_id""",
+    "lengths": """SELECT task_id, max(num_steps) FROM {db}.trajectory_rewards
+        WHERE has_reward = 1 AND reward >= 0.5 AND status != 'infra_error' GROUP BY task_id""",
+    "pool": """SELECT {cols} FROM {db}.trajectory_rewards
+        WHERE origin IN ('experience', 'oracle') AND has_reward = 1 AND reward >= 0.5 AND status != 'infra_error'
+        ORDER BY rollout_id LIMIT 64 BY task_id""",
+    "open": """SELECT {cols} FROM {db}.trajectory_rewards WHERE group_id IN {groups}""",
+}
+
+
+def test_filtered_outcome_queries_return_what_the_whole_view_returns(store: Store) -> None:
+    import random
+
+    from dart.events import RewardAssigned
+
+    rng = random.Random(5)
+    history = []
+    for i in range(60):
+        rewards = [rng.choice([0.0, 1.0, 0.5, None]) for _ in range(4)]
+        statuses = [rng.choice(["success", "fail", "timeout", "infra_error"]) for _ in rewards]
+        events, trajs = group(f"t{i % 6}", rewards, t=T0 + i * 10_000, version=i // 6, statuses=statuses)
+        history += events
+        for tr in trajs:
+            if rng.random() < 0.3:      # redone: the latest run of a rollout can fall in or out of every filter
+                redo = Traj(tr.task_id, tr.group_id, index=tr.index, reward=rng.choice([0.0, 1.0, None]),
+                            status=rng.choice(["success", "fail", "infra_error"]), version=rng.randrange(12),
+                            t=tr.t + rng.choice([-5_000, 50_000]), request_id=tr.request_id,
+                            rollout_id=tr.rollout_id, origin=rng.choice(["online", "experience", "oracle"]))
+                history += [e for e in redo.events() if type(e).__name__ in ("TrajectoryFinished", "RewardAssigned")]
+            if rng.random() < 0.2:      # re-scored later
+                history.append(RewardAssigned(event_id=str(rng.random()), event_time=tr.t + 90_000, run_id="r",
+                                              producer="eval", rollout_id=tr.rollout_id, task_id=tr.task_id,
+                                              group_id=tr.group_id, reward=rng.choice([0.0, 1.0]),
+                                              evaluator="again", evaluator_version="2"))
+    q.write_events(store, history)
+    db, cols = store.database, q._OUTCOME_COLS
+
+    def old(name: str, **kw) -> list:
+        return store.query(_OLD[name].format(db=db, cols=cols, **kw))
+
+    def by_id(outcomes) -> list:
+        return sorted(outcomes, key=lambda o: o.rollout_id)
+
+    for oldest in (0, 4, 9):
+        new = q.recent_outcomes(store, mode="train", oldest_version=oldest, window=3)
+        ref = [q._outcome(r) for r in old("recent", oldest=oldest)]
+        assert by_id(new) == by_id(ref) and len(ref) > 5
+    assert q.success_lengths(store, threshold=0.5) == {r[0]: [int(r[1])] for r in old("lengths")}
+    pool = q.experience_pool(store, threshold=0.5)
+    assert by_id(o for os_ in pool.values() for o in os_) == by_id(q._outcome(r) for r in old("pool")) and pool
+    groups, _, _ = q.open_groups(store, mode="train")
+    ids = "(" + ", ".join(f"'{g.group_id}'" for g in groups) + ")"
+    assert by_id(o for g in groups for o in g.outcomes) == by_id(q._outcome(r) for r in old("open", groups=ids))
+
