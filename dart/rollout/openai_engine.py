@@ -28,6 +28,7 @@ from dart.config import require
 from dart.rollout.engine import (
     Engine,
     EngineError,
+    EngineStats,
     GenerateRequest,
     Generation,
     TransientEngineError,
@@ -141,6 +142,15 @@ class OpenAIEngine(Engine):
         self.cfg = cfg or OpenAIEngineConfig()
         self._session: aiohttp.ClientSession | None = None
         self._requests = 0
+        self._in_flight = 0
+        self._busy_s = 0.0
+        self._busy_since = 0.0
+
+    def stats(self) -> EngineStats:
+        """busy_s: wall seconds with at least one request waiting on the server (the server's
+        own forward passes are not visible from here)."""
+        busy = self._busy_s + (time.perf_counter() - self._busy_since if self._in_flight else 0.0)
+        return EngineStats(requests=self._requests, batches=self._requests, busy_s=busy)
 
     @property
     def version(self) -> int:
@@ -181,11 +191,23 @@ class OpenAIEngine(Engine):
         await self.start()
         body = self.body(request)
         started = time.perf_counter()
+        if self._in_flight == 0:
+            self._busy_since = started
+        self._in_flight += 1
+        try:
+            result = await self._post_with_retries(body)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._busy_s += time.perf_counter() - self._busy_since
+        self._requests += 1
+        return Generation(**result, queue_s=0.0, generate_s=time.perf_counter() - started)
+
+    async def _post_with_retries(self, body: dict[str, Any]) -> dict[str, Any]:
         delay = self.cfg.backoff_s
         for attempt in range(self.cfg.max_retries + 1):
             try:
-                result = await self._post(body)
-                break
+                return await self._post(body)
             except TransientEngineError as exc:
                 if attempt == self.cfg.max_retries:
                     raise EngineError(
@@ -196,8 +218,7 @@ class OpenAIEngine(Engine):
                 )
                 await asyncio.sleep(delay * random.uniform(0.75, 1.25))
                 delay *= 2
-        self._requests += 1
-        return Generation(**result, queue_s=0.0, generate_s=time.perf_counter() - started)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         import aiohttp

@@ -35,8 +35,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path) -> dict[str, dict[str, Any]]:
-    """The YAML body (without ``bus:``) of every service, by service name."""
+def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path,
+                     serve_port: int = 8000) -> dict[str, dict[str, Any]]:
+    """The YAML body (without ``bus:``) of every service, by service name.
+
+    With ``rollout.engine: openai`` and no ``rollout.base_url``, a ``serve`` service (`dart serve`
+    of ``model_dir`` on 127.0.0.1:``serve_port``) answers the rollout workers."""
     r = cfg.recipe
     blobs = str(workdir / "blobs")
     prompt = _plain(asdict(r.prompt))
@@ -44,11 +48,24 @@ def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path) -> dic
     for i in range(cfg.env.workers):
         env = {"backend": cfg.env.backend, "slots": cfg.env.slots, "run_id": cfg.run_id, "worker_id": f"env-{i}",
                "reply_partition": i, "blobs": blobs, "heartbeat_s": 2.0}
+        if cfg.tasks.source == "osworld" and cfg.env.backend == "xdesktop":
+            # The same cache the offline filter of `dart up` looked into.
+            env["xdesktop"] = {"downloads": str(downloads_root(cfg))}
         out[f"env-{i}"] = {"env": deep_merge(env, cfg.env.options)}
+    if cfg.rollout.engine == "openai" and not cfg.rollout.base_url:
+        out["serve"] = {"serve": {"model": str(model_dir), "port": serve_port, "name": cfg.rollout.served_model,
+                                  "max_batch_size": r.engine_batch}}
     for i in range(cfg.rollout.workers):
         rollout = {"engine": "hf", "model": str(model_dir), "device": "cpu", "blobs": blobs,
                    "worker_id": f"rollout-{i}", "run_id": cfg.run_id, "convention": r.convention, "prompt": prompt,
                    "hf": {"max_batch_size": r.engine_batch}, "heartbeat_s": 2.0}
+        if cfg.rollout.engine == "openai":
+            # The server owns its weights: these workers cannot swap them (a new trainer version
+            # reaches such a server only by restarting it on that version's weights).
+            rollout.update(engine="openai", follow_weights=False, openai={
+                "base_url": cfg.rollout.base_url or f"http://127.0.0.1:{serve_port}/v1",
+                "model": cfg.rollout.served_model})
+            del rollout["hf"]
         out[f"rollout-{i}"] = {"rollout": deep_merge(rollout, cfg.rollout.options)}
     train = {"model": str(model_dir), "checkpoint_dir": str(workdir / "checkpoints"), "blobs": blobs,
              "run_id": cfg.run_id, "worker_id": "trainer", "seed": r.seed, "prompt": prompt,
@@ -80,6 +97,13 @@ def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path) -> dic
     return out
 
 
+def downloads_root(cfg: StackConfig) -> Path:
+    """The download cache of an OSWorld run (tasks.downloads, else $DART_DOWNLOADS or .dart/blobs), absolute."""
+    from dart.env.downloads import default_root
+
+    return Path(cfg.tasks.downloads or default_root()).resolve()
+
+
 def validate(sections: dict[str, dict[str, Any]]) -> None:
     """Build every service config; ConfigError names the service and the field."""
     from dart.data.config import DataConfig
@@ -92,6 +116,8 @@ def validate(sections: dict[str, dict[str, Any]]) -> None:
              "archiver": ArchiverConfig}
     for name, body in sections.items():
         for section, data in body.items():
+            if section == "serve":  # command-line flags, not a config file
+                continue
             try:
                 build(kinds[section], data, path=section)
             except ConfigError as exc:
@@ -105,6 +131,10 @@ def service_specs(sections: dict[str, dict[str, Any]], config_dir: Path) -> list
     specs = []
     for name, body in sections.items():
         (section,) = body
+        if section == "serve":
+            flags = [(f"--{key.replace('_', '-')}", str(value)) for key, value in body["serve"].items()]
+            specs.append(ServiceSpec(name=name, argv=("serve", *(part for flag in flags for part in flag))))
+            continue
         path = config_dir / f"{name}.yaml"
         # `dart train CONFIG` takes its file as a positional argument; the others as --config.
         argv = (commands[section], str(path)) if section == "train" else (commands[section], "--config", str(path))

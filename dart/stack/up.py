@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,20 +25,26 @@ from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
 from dart.env.catalogue import task_events
 from dart.stack.config import StackConfig
+from dart.stack.osworld import osworld_pool, wait_until_serving
 from dart.stack.progress import Display, Progress, render
-from dart.stack.services import service_sections, service_specs
+from dart.stack.services import downloads_root, service_sections, service_specs
 from dart.stack.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+SERVE_START_S = 300.0
+"""How long `dart up` waits for the `dart serve` it started to answer (torch and the model load
+first: ~10 s on an idle machine, minutes on a loaded 2-core one)."""
 
 
 def say(line: str) -> None:
     print(f"[dart up] {line}", flush=True)
 
 
-def register_tasks(bus: BusConfig, run_id: str, tasks: list[dict[str, Any]], split: str) -> None:
+def register_tasks(bus: BusConfig, run_id: str, tasks: list[dict[str, Any]], split: str,
+                   backend: str = "synthetic") -> None:
     producer = Producer(bus, client_id="dart-up")
-    for event in task_events(tasks, run_id=run_id, producer="dart-up", split=split, backend="synthetic"):
+    for event in task_events(tasks, run_id=run_id, producer="dart-up", split=split, backend=backend):
         producer.send_nowait(event)
     producer.close()
 
@@ -71,6 +78,13 @@ def import_oracle_experience(bus: BusConfig, run_id: str, tasks: list[dict[str, 
     return len(by_rollout)
 
 
+def free_port() -> int:
+    """A TCP port free on the loopback interface now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
     latest = checkpoint_dir / "latest"
     if not latest.exists():
@@ -99,11 +113,17 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
     from dart.stack.warmstart import warm_start
 
     t_start = time.monotonic()
+    recipe = cfg.recipe
+    osworld = cfg.tasks.source == "osworld"
+    if osworld:  # before anything starts: a pool with nothing left to run is refused here
+        pool = osworld_pool(cfg.tasks, backend=cfg.env.backend, downloads=downloads_root(cfg))
+        train, held_out = pool.tasks, []
+    else:
+        train, held_out = make_tasks(recipe)
     workdir = cfg.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config").mkdir(exist_ok=True)
     store = LocalBlobStore(workdir / "blobs")
-    recipe = cfg.recipe
     summary: dict[str, Any] = {"run_id": cfg.run_id, "pipeline": cfg.pipeline, "workdir": str(workdir)}
 
     broker = None
@@ -117,16 +137,24 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
     try:
         ensure_topics(bus)
         restored = broker is not None and restore_log(workdir / "log", bus)
-        train, held_out = make_tasks(recipe)
         if not restored:
-            register_tasks(bus, cfg.run_id, train, "train")
+            register_tasks(bus, cfg.run_id, train, "train", backend=cfg.env.backend if osworld else "synthetic")
             register_tasks(bus, cfg.run_id, held_out, "eval")
-        say(f"{len(train)} training and {len(held_out)} held-out {recipe.preset!r} tasks on {bus.topics.tasks}")
+        if osworld:
+            say(f"{pool.describe()}; on {bus.topics.tasks}")
+        else:
+            say(f"{len(train)} training and {len(held_out)} held-out {recipe.preset!r} tasks on {bus.topics.tasks}")
 
         t0 = time.monotonic()
         if cfg.warm_model is not None:
             warm_dir = cfg.warm_model.resolve()
             say(f"warm start: the given policy {warm_dir}")
+        elif osworld:
+            from dart.agent.tiny import build_tiny
+
+            warm_dir = build_tiny(workdir / "init", seed=recipe.seed, size=recipe.model)
+            say(f"policy: a tiny random-weight Qwen2.5-VL in {warm_dir} (no warm start: OSWorld tasks come "
+                "without oracle demonstrations; give warm_model for a trained one)")
         else:
             say(f"warm start: tiny Qwen2.5-VL, SFT on {recipe.sft_demos} oracle demonstrations "
                 f"({recipe.sft_steps} optimiser steps of {recipe.sft_micro_batch})")
@@ -146,11 +174,25 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
                                          load_checkpoint_policy(warm_dir, None), store, recipe)
             say(f"experience pool: {n} oracle trajectories on the log (injected into all-fail groups)")
 
-        sections = service_sections(cfg, workdir=workdir, model_dir=warm_dir)
+        sections = service_sections(cfg, workdir=workdir, model_dir=warm_dir, serve_port=free_port())
         for name, body in sections.items():
+            if "serve" in body:  # `dart serve` takes flags, not a file
+                continue
             text = yaml.safe_dump({"bus": {"bootstrap": bus.bootstrap, "prefix": bus.prefix}, **body}, sort_keys=False)
             (workdir / "config" / f"{name}.yaml").write_text(text)
-        for spec in service_specs(sections, workdir / "config"):
+        specs = service_specs(sections, workdir / "config")
+        rollouts = [spec for spec in specs if spec.name.startswith("rollout-")] if "serve" in sections else []
+        for spec in specs:
+            if spec not in rollouts:
+                supervisor.start(spec)
+        if "serve" in sections:
+            # Rollout workers start once the policy server answers (the other services start
+            # meanwhile): their first requests would spend the engine's retries on a server still loading.
+            url = f"http://127.0.0.1:{sections['serve']['serve']['port']}/v1"
+            waited = wait_until_serving(url, timeout_s=SERVE_START_S,
+                                        alive=lambda: supervisor.services["serve"].proc.poll() is None)
+            say(f"dart serve answers on {url} ({waited:.0f} s after dart up started it)")
+        for spec in rollouts:
             supervisor.start(spec)
 
         summary.update(_rl_phase(cfg, supervisor, workdir, stop_after_s=stop_after_s, broker=broker, bus=bus))
@@ -255,6 +297,7 @@ def _rl_phase(cfg: StackConfig, supervisor: Supervisor, workdir: Path, *, stop_a
     snap = progress.snapshot()
     recoveries = 0
     stopped_by = "clock"
+    last_count = t0
     while True:
         time.sleep(1.0)
         if broker is not None and bus is not None and not broker.running:
@@ -276,6 +319,13 @@ def _rl_phase(cfg: StackConfig, supervisor: Supervisor, workdir: Path, *, stop_a
         if elapsed >= budget_s:
             say(f"RL phase over after {elapsed / 60:.1f} min")
             break
+        if cfg.max_trajectories and time.monotonic() - last_count >= 5.0:
+            last_count = time.monotonic()
+            snap = progress.snapshot()
+            if snap.trajectories >= cfg.max_trajectories:
+                stopped_by = "trajectories"
+                say(f"{snap.trajectories} trajectories done")
+                break
         if supervisor.any_failed():
             stopped_by = "failure"
             say("a service failed for good: stopping (see the logs under " f"{workdir / 'logs'})")

@@ -35,6 +35,9 @@ async def test_openai_engine_against_dart_serve(policy, store):
     assert max(abs(a - b) for a, b in zip(logprobs, gen.logprobs, strict=True)) < 1e-4
     assert max(abs(a - b) for a, b in zip(entropies, gen.entropies, strict=True)) < 1e-4
     assert gen.policy_version == 0 and gen.finish_reason in ("stop", "length")
+    # Its busy time (the rollout utilisation `dart up` shows) is the time a request waited on the server.
+    stats = engine.stats()
+    assert stats.requests == 1 and 0.0 < stats.busy_s <= gen.generate_s + 1e-3
 
 
 async def test_openai_engine_retries_transient_errors_only(store):
