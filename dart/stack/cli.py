@@ -4,6 +4,7 @@ decision re-run: both read across services, so they live in the composition root
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     cfg = load_stack_config(args.config, args)
     # Refuse config mistakes in any service before anything starts.
     service_sections(cfg, workdir=cfg.workdir.resolve(), model_dir=cfg.workdir.resolve() / "warm")
+    # SIGTERM (kill, a supervisor, CI) takes Ctrl-C's path: every service stopped cleanly, the
+    # summary written; without this `dart up` died at once and left its services running.
+    signal.signal(signal.SIGTERM, _interrupt)
     summary = up(cfg)
     return 1 if summary.get("interrupted") else 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
