@@ -26,7 +26,8 @@ got 19 updates: 0.590 -> 0.625, +3.5.
 2026-11-25, seed 1 (the seed `make run` gained little on), busy machine (load 5-15): from the
 same warm start (0.455), lr 3e-4 reached rollout success ~0.47 after 45 updates and held-out
 **0.655 (+20.0) after 80**; lr 6e-4 reached **0.640 (+18.5) after 45** (the new default:
-``--set seed=1 --set updates=45``). So seed 1 was not stuck (entropy, zero-advantage groups,
+``--set seed=1 --set updates=45``); seeds 0 and 2 the same way: 0.440 -> 0.635 (+19.5) and
+0.450 -> 0.615 (+16.5). So seed 1 was not stuck (entropy, zero-advantage groups,
 staleness and clipping were all ordinary in its `dart report`); it needed more updates than the
 stack's clock gave it.
 
