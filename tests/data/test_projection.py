@@ -109,7 +109,7 @@ def test_report_on_a_crafted_history(store: Store, chdb_path, tmp_path) -> None:
     import clickhouse_connect
 
     from dart.data.report import build_report, write_plots
-    from dart.events import BatchAssembled
+    from dart.events import BatchAssembled, TrainStepCompleted
 
     e1, t1 = group("easy", [1.0, 1.0, 0.0, 1.0], version=2)
     e2, t2 = group("hard", [0.0, 0.0, 0.0, 1.0], version=3)
@@ -118,7 +118,13 @@ def test_report_on_a_crafted_history(store: Store, chdb_path, tmp_path) -> None:
                            rollout_ids=[t1[0].rollout_id, t2[0].rollout_id], task_ids=["easy", "hard"],
                            min_policy_version=2, max_policy_version=3, trainer_version=4)
     beats = [heartbeat("env-1", 4, t=T0), heartbeat("env-1", 4, t=T0 + 10_000), heartbeat("roll-1", 1, t=T0, role="rollout")]
-    q.write_events(store, [*e1, *e2, batch, *beats])
+    step = TrainStepCompleted(event_id="s", event_time=T0, run_id="r", producer="trainer", step=1, policy_version=4,
+                              batch_id="b1", loss=-0.1, kl=0.0, entropy=0.5, clip_frac=0.1, tis_mean=0.9,
+                              logprob_mismatch=0.01, grad_norm=0.2, num_samples=8, num_tokens=80, duration_s=1.0,
+                              tokens_per_s=80.0, metrics={"clip/high_frac": 0.06, "clip/low_frac": 0.04,
+                                                          "ratio/abs_dev": 0.02, "ratio/max": 1.3,
+                                                          "tis/capped_frac": 0.25})
+    q.write_events(store, [*e1, *e2, batch, step, *beats])
     client = clickhouse_connect.get_client(dsn=f"chdb://{chdb_path}", database=store.database)
     report = build_report(lambda sql: client.query(sql).result_rows)
     assert report.success_by_version == [(2, 4, 0.75), (3, 4, 0.25)]
@@ -127,7 +133,17 @@ def test_report_on_a_crafted_history(store: Store, chdb_path, tmp_path) -> None:
     assert [(w, role, slots) for w, role, slots, *_ in report.workers] == [("env-1", "env", 4), ("roll-1", "rollout", 1)]
     text = report.text()
     assert "v2" in text and "success  75.0%" in text and "lag   1:        4 steps ( 50.0%)" in text
-    assert len(write_plots(report, tmp_path)) == 4
+    # both groups are mixed: no zero-advantage group at either version
+    assert report.groups == [(2, 1, 0, 0), (3, 1, 0, 0)] and report.zero_advantage() == [(2, 0.0), (3, 0.0)]
+    (u,) = report.updates
+    assert (u.step, u.version, u.entropy, u.clip_high, u.clip_low, u.ratio_abs_dev, u.tis_capped) == (
+        1, 4, 0.5, 0.06, 0.04, 0.02, 0.25)
+    assert (u.staleness_max, u.staleness_min) == (2, 1)   # trainer v4 on samples of v2..v3
+    assert "zero advantage   0.0%" in text and "update    1 -> v4" in text
+    assert sum(n for _, n, _ in report.success_by_time) == 8
+    assert {p.name for p in write_plots(report, tmp_path)} == {
+        "success_by_version.png", "success_by_time.png", "learning.png", "task_difficulty.png", "utilisation.png",
+        "staleness.png"}
 
 
 def test_a_redone_rollout_counts_once_and_its_latest_steps_win(store: Store) -> None:
