@@ -27,10 +27,13 @@ class EnvSection:
     """Backend of every slot."""
     options: dict[str, Any] = field(default_factory=dict)
     """Extra fields of the env workers' `env:` section (e.g. synthetic.latency)."""
+    nice: int = 10
+    """CPU priority of the env workers below the trainer's (0-19; see RolloutSection.nice)."""
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, "env.workers", f"must be >= 1, got {self.workers}")
         require(self.slots >= 1, "env.slots", f"must be >= 1, got {self.slots}")
+        require(0 <= self.nice <= 19, "env.nice", f"must be 0-19, got {self.nice}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,9 +51,15 @@ class RolloutSection:
     options: dict[str, Any] = field(default_factory=dict)
     """Extra fields of the rollout workers' `rollout:` section (e.g. max_concurrency, hf.max_batch_size,
     openai.timeout_s)."""
+    nice: int = 10
+    """CPU priority of the rollout workers (and `dart serve`) below the trainer's (0-19). On one
+    machine the producers of samples can always make more than the trainer consumes (64 slots:
+    ~2,400 trajectories a minute against ~60 a trainer update); at equal priority they take the
+    CPU the trainer needs, so a busy machine made fewer updates, not just fewer samples. 0: equal."""
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, "rollout.workers", f"must be >= 1, got {self.workers}")
+        require(0 <= self.nice <= 19, "rollout.nice", f"must be 0-19, got {self.nice}")
         require(not self.base_url or self.base_url.startswith(("http://", "https://")), "rollout.base_url",
                 f"not an http URL: {self.base_url!r}")
         require(not self.base_url or self.engine == "openai", "rollout.base_url",

@@ -124,8 +124,11 @@ def validate(sections: dict[str, dict[str, Any]]) -> None:
                 raise ConfigError(f"service {name}: {exc}") from exc
 
 
-def service_specs(sections: dict[str, dict[str, Any]], config_dir: Path) -> list[ServiceSpec]:
-    """One supervised process per service, each reading its own YAML file (written by the caller)."""
+def service_specs(sections: dict[str, dict[str, Any]], config_dir: Path, *,
+                  nice: dict[str, int] | None = None) -> list[ServiceSpec]:
+    """One supervised process per service, each reading its own YAML file (written by the caller);
+    ``nice`` lowers the priority of the services of a kind (env, rollout, serve, data, train)."""
+    nice = nice or {}
     commands = {"env": "env-worker", "rollout": "rollout-worker", "train": "train", "data": "data-manager",
                 "archiver": "archiver"}
     specs = []
@@ -133,10 +136,11 @@ def service_specs(sections: dict[str, dict[str, Any]], config_dir: Path) -> list
         (section,) = body
         if section == "serve":
             flags = [(f"--{key.replace('_', '-')}", str(value)) for key, value in body["serve"].items()]
-            specs.append(ServiceSpec(name=name, argv=("serve", *(part for flag in flags for part in flag))))
+            specs.append(ServiceSpec(name=name, argv=("serve", *(part for flag in flags for part in flag)),
+                                     nice=nice.get(section, 0)))
             continue
         path = config_dir / f"{name}.yaml"
         # `dart train CONFIG` takes its file as a positional argument; the others as --config.
         argv = (commands[section], str(path)) if section == "train" else (commands[section], "--config", str(path))
-        specs.append(ServiceSpec(name=name, argv=argv))
+        specs.append(ServiceSpec(name=name, argv=argv, nice=nice.get(section, 0)))
     return specs

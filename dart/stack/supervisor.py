@@ -31,6 +31,9 @@ class ServiceSpec:
     """Restart the service when it exits before the stack stops."""
     max_restarts: int = 5
     env: dict[str, str] = field(default_factory=dict)
+    nice: int = 0
+    """CPU priority below the supervisor's (0-19): on a shared machine the producers (env and
+    rollout workers, which can always make more samples) yield the CPU to the trainer."""
 
 
 @dataclass
@@ -41,6 +44,23 @@ class _Running:
     restarts: int = 0
     state: str = "running"
     log_path: Path | None = None
+
+
+def _lower_priority(nice: int):
+    """Runs in the child after its setsid: lowers its priority by ``nice``. With the kernel's
+    autogroup scheduling (the default on desktops and many servers) a new session is a group of
+    its own whose weight only /proc/self/autogroup sets; the thread nice value counts only
+    inside the group, so both are set."""
+
+    def lower() -> None:
+        os.nice(nice)
+        try:
+            with open("/proc/self/autogroup", "w") as f:
+                f.write(str(nice))
+        except OSError:
+            pass  # no autogroup on this kernel: the nice value alone applies
+
+    return lower
 
 
 class Supervisor:
@@ -61,7 +81,8 @@ class Supervisor:
         out.write(f"\n==== {time.strftime('%H:%M:%S')} starting dart {' '.join(spec.argv)}\n".encode())
         out.flush()
         return subprocess.Popen([self.python, "-m", "dart.cli", *spec.argv], stdout=out, stderr=subprocess.STDOUT,
-                                env={**self.base_env, **spec.env}, start_new_session=True)
+                                env={**self.base_env, **spec.env}, start_new_session=True,
+                                preexec_fn=_lower_priority(spec.nice) if spec.nice else None)
 
     def start(self, spec: ServiceSpec) -> None:
         if spec.name in self.services:

@@ -180,7 +180,8 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
                 continue
             text = yaml.safe_dump({"bus": {"bootstrap": bus.bootstrap, "prefix": bus.prefix}, **body}, sort_keys=False)
             (workdir / "config" / f"{name}.yaml").write_text(text)
-        specs = service_specs(sections, workdir / "config")
+        specs = service_specs(sections, workdir / "config",
+                              nice={"env": cfg.env.nice, "rollout": cfg.rollout.nice, "serve": cfg.rollout.nice})
         rollouts = [spec for spec in specs if spec.name.startswith("rollout-")] if "serve" in sections else []
         for spec in specs:
             if spec not in rollouts:

@@ -182,17 +182,26 @@ async def play_twice(desktop, task, plan: list[Action | Focused]) -> tuple[float
 
 
 async def wait_for_focus(desktop, name: str, *, timeout_s: float) -> None:
-    """Until the focused window's title contains ``name`` (case-insensitive)."""
+    """Until the focused window's title contains ``name`` (case-insensitive). A window of that
+    name that opened but did not get the focus (a Chromium still starting takes it back from the
+    terminal that Ctrl+Alt+T opened) is raised after a few seconds, as an agent would click on it."""
     from dart.errors import EnvError
 
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while asyncio.get_running_loop().time() < deadline:
-        proc = await asyncio.create_subprocess_exec("xdotool", "getactivewindow", "getwindowname",
-                                                    env=desktop.display.env, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.DEVNULL)
+    async def xdotool(*argv: str) -> str:
+        proc = await asyncio.create_subprocess_exec("xdotool", *argv, env=desktop.display.env,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
         out, _ = await proc.communicate()
-        if name.lower() in out.decode(errors="replace").lower():
+        return out.decode(errors="replace")
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    raised_at = start
+    while loop.time() < start + timeout_s:
+        if name.lower() in (await xdotool("getactivewindow", "getwindowname")).lower():
             return
+        if loop.time() - raised_at > 5.0:
+            raised_at = loop.time()
+            await xdotool("search", "--onlyvisible", "--name", name, "windowactivate")
         await asyncio.sleep(0.2)
     raise EnvError(f"no window named like {name!r} took the focus in {timeout_s:.0f} s")
 

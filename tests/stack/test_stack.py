@@ -3,6 +3,7 @@ services restarted when they crash; the progress display."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dart.bus import free_port
 from dart.config import build
 from dart.errors import ConfigError
 from dart.stack.config import StackConfig
@@ -73,6 +75,25 @@ def test_each_service_is_a_dart_command_reading_its_own_file(tmp_path):
     assert specs["env-0"].argv == ("env-worker", "--config", str(tmp_path / "env-0.yaml"))
 
 
+def test_producers_run_below_the_trainers_priority(tmp_path):
+    specs = {s.name: s for s in service_specs(sections({}, tmp_path), tmp_path, nice={"env": 10, "rollout": 7})}
+    assert (specs["env-0"].nice, specs["rollout-0"].nice, specs["trainer"].nice, specs["data-manager"].nice) == \
+        (10, 7, 0, 0)
+    with pytest.raises(ConfigError, match=r"rollout.nice"):
+        build(StackConfig, {"rollout": {"nice": 20}})
+
+
+def test_a_spec_nice_value_reaches_the_process(tmp_path):
+    sup = Supervisor(tmp_path / "logs")
+    # `dart broker` stays up until stopped; its nice value is field 19 of /proc/PID/stat
+    sup.start(ServiceSpec(name="low", argv=("broker", "--port", str(free_port())), nice=7))
+    try:
+        stat = Path(f"/proc/{sup.services['low'].proc.pid}/stat").read_text()
+        assert int(stat.rsplit(")", 1)[1].split()[16]) == os.nice(0) + 7
+    finally:
+        sup.stop(timeout_s=15)
+
+
 def test_a_crashed_service_is_restarted_and_says_so(tmp_path):
     sup = Supervisor(tmp_path / "logs")
     # A config mistake makes this service exit with code 2 at once, every time.
@@ -89,8 +110,6 @@ def test_a_crashed_service_is_restarted_and_says_so(tmp_path):
 
 def test_stop_terminates_services_cleanly(tmp_path):
     import socket
-
-    from dart.bus import free_port
 
     port = free_port()
     sup = Supervisor(tmp_path / "logs")
