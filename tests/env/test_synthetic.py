@@ -163,6 +163,27 @@ def test_pages_the_named_colour_turns_the_page_and_a_wrong_button_goes_back():
         assert sum(w["kind"] == "panel" and w["page"] == page for w in spec["widgets"]) == 4
 
 
+def test_chain_a_wrong_colour_costs_a_step_and_nothing_else():
+    task = make_task("chain", 5)
+    spec, goal = screen_of(task), goal_of(task)
+    colour = task["instruction"].split()[2]
+    pages = 1 + max(w["page"] for w in spec["widgets"])
+    assert 5 <= pages <= 10 and len(oracle_plan(task)) == pages
+
+    def on(page, right):
+        return next(w for w in spec["widgets"] if w["kind"] == "button" and w["page"] == page
+                    and w["name"].startswith(colour) == right)
+
+    state = _run(task, [_center(on(0, True)), _center(on(1, True))])
+    wrong = on(2, False)
+    state = apply(spec, state, _center(wrong))
+    assert state["page"] == 2 and not state["done"] and state["pressed"][-1] == wrong["name"]
+    for page in range(2, pages):
+        state = apply(spec, state, _center(on(page, True)))
+    assert state["done"] and state_match(state, goal) == 1.0
+    assert len(state["pressed"]) == pages + 1
+
+
 def test_check_then_ok_needs_both_steps():
     task = next(t for t in generate_tasks(80, preset="tiny", seed=0) if t["instruction"].startswith("Check"))
     plan = oracle_plan(task)

@@ -38,7 +38,7 @@ from dart.env.synthetic.screen import Spec, validate_spec
 from dart.errors import ConfigError
 
 Split = Literal["train", "eval"]
-PRESETS = ("tiny", "buttons", "forms", "pages")
+PRESETS = ("tiny", "buttons", "forms", "pages", "chain")
 SETUP_TYPE = "synthetic_screen"
 STATE_PATH = "/synthetic/state.json"
 METRIC = "synthetic_state_match"
@@ -224,7 +224,9 @@ def _forms(rng: random.Random) -> Built:
     return ("form_two_pages" if two_pages else "form"), spec, instruction, {"submitted": "submit", "values": goals}
 
 
-def _pages(rng: random.Random) -> Built:
+def _pages(rng: random.Random, *, wrong: str = "back") -> Built:
+    """5-10 tiny screens in a row; the named colour turns the page (the last one submits), any
+    other colour does ``wrong`` (``back``: a page back; ``stay``: nothing but a lost step)."""
     n = rng.randint(5, 10)
     target = rng.choice(sorted(COLORS))
     widgets: list[dict[str, Any]] = []
@@ -237,9 +239,10 @@ def _pages(rng: random.Random) -> Built:
         for i, c in enumerate([target, *others]):
             turn = "submit" if page == n - 1 else "next"
             widgets.append(_button(f"{c}{page}", c.capitalize(), COLORS[c], slots[i],
-                                   turn if c == target else "back", page=page))
+                                   turn if c == target else wrong, page=page))
     spec: Spec = {"width": 112, "height": 112, "tolerance": 4, "font_size": 10, "widgets": widgets}
-    return "pages", spec, f"Click the {target} button on each page.", {"submitted": f"{target}{n - 1}"}
+    template = "pages" if wrong == "back" else "chain"
+    return template, spec, f"Click the {target} button on each page.", {"submitted": f"{target}{n - 1}"}
 
 
 def _button(
@@ -248,5 +251,12 @@ def _button(
     return {"kind": "button", "name": name, "label": label, "color": list(color), "box": list(box), "page": page, "on_click": on_click}
 
 
+def _chain(rng: random.Random) -> Built:
+    """``pages`` where a wrong colour costs a step instead of a page: a policy that is right on
+    half of its clicks still finishes many tasks within the step limit, and each step it gets
+    right more often shortens its trajectories (the preset on which multi-step RL has room)."""
+    return _pages(rng, wrong="stay")
+
+
 _BUILDERS: dict[str, Callable[[random.Random], Built]] = {"tiny": _tiny, "buttons": _buttons, "forms": _forms,
-                                                          "pages": _pages}
+                                                          "pages": _pages, "chain": _chain}

@@ -7,7 +7,7 @@ A *spec* is the JSON-able description of one task's screen (it rides inside the 
      "widgets": [{"kind": "button", "name": "red", "label": "Red", "color": [220, 40, 40],
                   "box": [8, 8, 52, 52], "page": 0, "on_click": "submit"}, ...]}
 
-Widget kinds: ``button`` (``on_click``: submit | next | back), ``checkbox``, ``textfield``,
+Widget kinds: ``button`` (``on_click``: submit | next | back | stay), ``checkbox``, ``textfield``,
 ``list`` (``items``, ``visible`` rows, scrollable), ``label`` and ``panel`` (a filled
 rectangle, ``color``, drawn where it stands in the list: a region's background). A *state* is a JSON-able
 dict (what ``/synthetic/state.json`` holds). ``apply(spec, state, action)`` returns the next
@@ -23,7 +23,9 @@ from dart.agent.actions import Action, Click, Hotkey, LeftDouble, Scroll, Type
 from dart.errors import ConfigError
 
 WIDGET_KINDS = frozenset({"button", "checkbox", "textfield", "list", "label", "panel"})
-BUTTON_EFFECTS = frozenset({"submit", "next", "back"})
+BUTTON_EFFECTS = frozenset({"submit", "next", "back", "stay"})
+"""What a click on a button does: ends the task, turns the page forward or back, or nothing
+but being pressed (``stay``: a wrong choice that costs a step)."""
 INTERACTIVE = frozenset({"button", "checkbox", "textfield", "list"})
 
 Spec = dict[str, Any]
@@ -168,7 +170,7 @@ def _click(spec: Spec, s: State, x: float, y: float) -> None:
                 s["done"] = True
             elif effect == "next":
                 s["page"] += 1
-            else:
+            elif effect == "back":
                 s["page"] = max(0, s["page"] - 1)
         case "checkbox":
             s["values"][name] = not s["values"][name]
