@@ -100,6 +100,15 @@ def vlcrc(line: str) -> list[Action | Focused]:
     return terminal(f"mkdir -p ~/.config/vlc && echo '{line}' >> ~/.config/vlc/vlcrc")
 
 
+def office_setting(item: str) -> list[Action | Focused]:
+    """Quit this slot's LibreOffice from a terminal and wait until it is gone (it writes its
+    settings on the way out), then add ``item`` (an ``<item>`` of registrymodifications.xcu) to
+    the settings of the profile OSWorld's evaluators read (``~/.config/libreoffice/4``)."""
+    quit_office = 'p=$(readlink ~/.config/libreoffice/4); pkill -f "$p"; while pgrep -f "$p" >/dev/null; do sleep 0.2; done'
+    return [Focused("LibreOffice"), *terminal(
+        quit_office, f"sed -i 's#</oor:items>#{item}</oor:items>#' ~/.config/libreoffice/4/user/registrymodifications.xcu")]
+
+
 SOLUTIONS: dict[str, list[Action | Focused]] = {
     # Chrome, through its own keys
     "chrome/06fe7178-4491-4589-810f-2e2bc9502122": [Wait(), Hotkey(keys=("ctrl", "shift", "t")), Wait(), Wait()],
@@ -132,6 +141,10 @@ SOLUTIONS: dict[str, list[Action | Focused]] = {
     "chrome/44ee5668-ecd5-4366-a6ce-c1c9b8d4e938": with_chrome_stopped(
         "import sqlite3; c = sqlite3.connect('Default/History'); "
         "c.execute('DELETE FROM urls WHERE instr(url, ?) > 0', ('youtube',)); c.commit()"),
+    # Impress's auto-save interval, in LibreOffice's settings while it is stopped
+    "libreoffice_impress/2cd43775-7085-45d8-89fa-9e35c0a915cf": office_setting(
+        '<item oor:path="/org.openoffice.Office.Recovery/AutoSave"><prop oor:name="TimeIntervall" oor:op="fuse">'
+        '<value>3</value></prop></item>'),
     # A shell setting and the default video player, through a terminal
     "multi_apps/48d05431-6cd5-4e76-82eb-12b60d823f7d": terminal("echo '# >>> conda initialize >>>' >> ~/.bashrc"),
     "multi_apps/937087b6-f668-4ba6-9110-60682ee33441": terminal("xdg-mime default vlc.desktop video/mp4"),

@@ -99,3 +99,19 @@ async def test_worker_solves_every_shipped_task_with_reward_one(bus, blobs, kit)
     got = {t.task_id: (t.status, t.finish_reason, t.num_steps) for t in done}
     assert got == {t.id: (TrajectoryStatus.SUCCESS, "finished", len(plans[t.id]) + 1) for t in tasks}
     assert sorted(r.reward for r in rewards) == [1.0] * len(tasks), [(r.task_id, r.details) for r in rewards]
+
+
+def test_the_office_profile_is_at_osworlds_place_and_a_reset_forgets_its_settings(tmp_path):
+    """OSWorld's evaluators read ~/.config/libreoffice/4/user/registrymodifications.xcu; the
+    slot's profile lives outside the home (kept for fast starts) but its settings are reset."""
+    backend = XDesktopBackend(XDesktopConfig(root=str(tmp_path)), slot=5)  # never started: no display
+    backend._wipe_home()
+    settings = backend.home / ".config/libreoffice/4/user/registrymodifications.xcu"
+    seed = settings.read_text()
+    assert settings.resolve() == (backend.profile / "user" / "registrymodifications.xcu").resolve()
+    settings.write_text(seed.replace("</oor:items>", '<item oor:path="/x"><prop oor:name="y"><value>3</value>'
+                                                      "</prop></item></oor:items>"))
+    (backend.profile / "user" / "cache-of-a-fast-start").write_text("kept")
+    backend._wipe_home()
+    assert settings.read_text() == seed                                   # the agent's setting is gone
+    assert (backend.profile / "user" / "cache-of-a-fast-start").exists()  # the rest of the profile stays

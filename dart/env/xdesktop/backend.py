@@ -25,7 +25,14 @@ from dart.env.downloads import DownloadCache
 from dart.env.tasks import Task
 from dart.env.xdesktop.display import XDisplay
 from dart.env.xdesktop.input import UnknownKey, run_argvs, xdotool_argvs
-from dart.env.xdesktop.setup import TASKS_DIR, SetupRunner, expand_argv, resolve_path
+from dart.env.xdesktop.setup import (
+    TASKS_DIR,
+    SetupRunner,
+    expand_argv,
+    link_office_profile,
+    resolve_path,
+    seed_office_profile,
+)
 from dart.errors import EnvError
 
 log = logging.getLogger(__name__)
@@ -203,6 +210,8 @@ class XDesktopBackend(EnvBackend):
         entry = self.home / ".local" / "share" / "applications" / "org.gnome.Totem.desktop"
         entry.parent.mkdir(parents=True, exist_ok=True)
         entry.write_text(TOTEM_ENTRY, encoding="utf-8")
+        seed_office_profile(self.profile, fresh_settings=True)
+        link_office_profile(self.home, self.profile)
 
     def _check(self) -> None:
         if self._closed:

@@ -106,13 +106,29 @@ _OFFICE_SETTINGS = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
-def seed_office_profile(profile: Path) -> None:
+OFFICE_HOME_PROFILE = ".config/libreoffice/4"
+"""Where OSWorld's Ubuntu keeps LibreOffice's profile, relative to the home (its evaluators read
+``user/registrymodifications.xcu`` there)."""
+
+
+def seed_office_profile(profile: Path, *, fresh_settings: bool = False) -> None:
     """A new LibreOffice profile that saves .xlsx without the 'Keep current format?' dialog
-    (a dialog whose timing made scripted saves flaky under load) and shows no tip of the day."""
+    (a dialog whose timing made scripted saves flaky under load) and shows no tip of the day.
+    ``fresh_settings``: put those settings back even where the profile has some (a reset: what
+    the previous task's agent set must not leak into the next task)."""
     settings = profile / "user" / "registrymodifications.xcu"
-    if not settings.exists():
+    if fresh_settings or not settings.exists():
         settings.parent.mkdir(parents=True, exist_ok=True)
         settings.write_text(_OFFICE_SETTINGS, encoding="utf-8")
+
+
+def link_office_profile(home: Path, profile: Path) -> None:
+    """The slot's LibreOffice profile lives outside its home (its caches survive resets, so an
+    office app starts in ~3 s); a link at OSWorld's place for it lets the agent's edits and the
+    evaluators' reads of ``~/.config/libreoffice/4/user/...`` reach the profile LibreOffice uses."""
+    link = home / OFFICE_HOME_PROFILE
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(profile, target_is_directory=True)
 
 
 def open_argv(path: Path, profile: Path) -> list[str]:
