@@ -89,6 +89,7 @@ class Consumer:
         producer: Producer | None = None,
         client_id: str | None = None,
         concurrent_partitions: bool = False,
+        linger_s: float = 0.0,
     ) -> None:
         if sum(h is not None for h in (handler, batch_handler, raw_batch_handler)) != 1:
             raise ValueError("give exactly one of handler, batch_handler or raw_batch_handler")
@@ -110,6 +111,9 @@ class Consumer:
         # Partitions are independent logs: handling their fetches at once keeps order within
         # each one and lets a slow batch on one partition not hold back the others.
         self.concurrent_partitions = concurrent_partitions
+        # raw_batch_handler only: gather fetches for up to this long (or max_batch records) into
+        # one call, for handlers with a fixed cost per call (a ClickHouse insert).
+        self.linger_s = linger_s
         self.started = asyncio.Event()
         self.reached_end = asyncio.Event()
         """Set once every assigned partition was read up to the high watermark its fetch reported
@@ -152,6 +156,8 @@ class Consumer:
                     fetch.cancel()
                     break
                 batches = fetch.result()
+                if self.raw_batch_handler is not None and batches and self.linger_s > 0:
+                    batches = await self._linger(consumer, batches)
                 if self.raw_batch_handler is not None and batches:
                     await self._consume_raw(consumer, batches)
                     batches = {}
@@ -170,6 +176,19 @@ class Consumer:
                 await asyncio.get_running_loop().run_in_executor(None, self._producer.close)
             log.info("%s: stopped after %d records (%d dead-lettered)", self.group, self.handled,
                      self.dead_lettered)
+
+    async def _linger(self, consumer: AIOKafkaConsumer, batches: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
+        """More fetches onto ``batches`` until ``linger_s`` passed since the first or ``max_batch``
+        records are in hand (order within each partition kept: one consumer, fetches in turn)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.linger_s
+        held = sum(len(r) for r in batches.values())
+        while held < self.max_batch and not self._stopping.is_set() and (left := deadline - loop.time()) > 0:
+            more = await consumer.getmany(timeout_ms=max(1, int(left * 1000)), max_records=self.max_batch - held)
+            for tp, records in more.items():
+                batches.setdefault(tp, []).extend(records)
+                held += len(records)
+        return batches
 
     async def _consume(self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: list[Any]) -> None:
         if self.batch_handler is not None:

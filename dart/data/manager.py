@@ -58,6 +58,7 @@ class DataManager:
         self.rng = random.Random(seed)
         self.consumer = Consumer(bus, topics=bus.topics.all(), group=cfg.projection.group,
                                  raw_batch_handler=self.project, max_batch=cfg.projection.batch_rows,
+                                 linger_s=cfg.projection.linger_ms / 1000,
                                  client_id=f"{cfg.worker_id}-projection")
         self.sql: SqlServer | None = None
         self.projected = 0

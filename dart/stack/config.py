@@ -27,8 +27,8 @@ class EnvSection:
     """Backend of every slot."""
     options: dict[str, Any] = field(default_factory=dict)
     """Extra fields of the env workers' `env:` section (e.g. synthetic.latency)."""
-    nice: int = 10
-    """CPU priority of the env workers below the trainer's (0-19; see RolloutSection.nice)."""
+    nice: int = 0
+    """CPU priority of the env workers below the other services' (0-19; see RolloutSection.nice)."""
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, "env.workers", f"must be >= 1, got {self.workers}")
@@ -51,11 +51,12 @@ class RolloutSection:
     options: dict[str, Any] = field(default_factory=dict)
     """Extra fields of the rollout workers' `rollout:` section (e.g. max_concurrency, hf.max_batch_size,
     openai.timeout_s)."""
-    nice: int = 10
-    """CPU priority of the rollout workers (and `dart serve`) below the trainer's (0-19). On one
-    machine the producers of samples can always make more than the trainer consumes (64 slots:
-    ~2,400 trajectories a minute against ~60 a trainer update); at equal priority they take the
-    CPU the trainer needs, so a busy machine made fewer updates, not just fewer samples. 0: equal."""
+    nice: int = 0
+    """CPU priority of the rollout workers (and `dart serve`) below the other services' (0-19), for
+    a machine where the trainer's CPU time is what limits updates. Not the default: measured on 2
+    cores with `make run`, the trainer waits for batches most of the time (one update takes ~6 s of
+    its ~50 s cycle) and niced rollout workers only made fewer samples, and a CPU hog beside
+    the run (nice 0) would take their share first."""
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, "rollout.workers", f"must be >= 1, got {self.workers}")

@@ -239,6 +239,31 @@ def test_flush_raises_when_records_cannot_be_acknowledged():
         producer.close(timeout_s=0.1)  # still says so, and leaves no client retrying in the background
 
 
+async def test_a_lingering_raw_consumer_gathers_fetches_into_one_call_in_log_order(bus: BusConfig):
+    producer = Producer(bus)
+    calls: list[list[int]] = []
+
+    async def handle(records):
+        calls.append([r.offset for r in records])
+        return []
+
+    consumer = Consumer(bus, topics=[bus.topics.heartbeats], group="linger", raw_batch_handler=handle,
+                        linger_s=3.0, producer=producer)
+    task = asyncio.create_task(consumer.run())
+    await consumer.started.wait()
+    await asyncio.sleep(1.0)  # the group's first fetch position is settled
+    for _burst in range(2):  # two bursts, each its own fetch, 0.5 s apart: within one linger
+        for i in range(3):
+            await producer.send(heartbeat(i), partition=0)
+        await asyncio.sleep(0.5)
+    await _until(lambda: sum(map(len, calls)) >= 6)
+    consumer.stop()
+    await task
+    assert len(calls) == 1 and len(calls[0]) == 6
+    assert calls[0] == sorted(calls[0])
+    producer.close()
+
+
 async def _until(cond, timeout_s: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not cond():
