@@ -48,9 +48,14 @@ class HFEngineConfig:
     """Most requests run together in one generate call (1 = one at a time)."""
     initial_version: int = 0
     """Policy version of the weights loaded from the model directory."""
+    threads: int = 0
+    """torch CPU threads of this process (0: torch's default, one per core). On a CPU shared with
+    other services, 1: a parallel region waits for its slowest thread, and with the cores
+    oversubscribed that thread is often not running."""
 
     def __post_init__(self) -> None:
         require(self.max_batch_size >= 1, "max_batch_size", f"must be >= 1, got {self.max_batch_size}")
+        require(self.threads >= 0, "threads", f"must be >= 0, got {self.threads}")
 
 
 @dataclass
@@ -117,6 +122,10 @@ class HFEngine(Engine):
     def __init__(self, policy: Policy, cfg: HFEngineConfig | None = None) -> None:
         self.policy = policy
         self.cfg = cfg or HFEngineConfig()
+        if self.cfg.threads:
+            import torch
+
+            torch.set_num_threads(self.cfg.threads)
         self._version = self.cfg.initial_version
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
