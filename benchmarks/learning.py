@@ -214,6 +214,9 @@ def main() -> int:
     p.add_argument("--curve-points", type=int, default=4, help="evaluated moments per run (warm start included)")
     p.add_argument("--curve-episodes", type=int, default=100, help="held-out episodes per intermediate point")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "learning")
+    p.add_argument("--warm-from", type=Path,
+                   help="start seed N from the warm start in DIR/full-sN/warm where an earlier run left one "
+                        "(SFT is deterministic per seed: this skips repeating it)")
     p.add_argument("--name", help="name of the result files (default: the config's name, +ablate, +stress)")
     args = p.parse_args()
 
@@ -226,6 +229,8 @@ def main() -> int:
     results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for seed in args.seeds:
         warm: str | None = None
+        if args.warm_from is not None and (args.warm_from / f"full-s{seed}" / "warm" / "config.json").exists():
+            warm = str((args.warm_from / f"full-s{seed}" / "warm").resolve())
         for name in names:
             workdir = (args.out / tag / f"{name}-s{seed}").resolve()
             config = deep_merge(deep_merge(raw, variant_overrides(name, base)), {"recipe": {"seed": seed}})

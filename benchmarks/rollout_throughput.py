@@ -6,6 +6,10 @@ answer takes the worker's real path: prompt from the blob store (history of ``--
 turns), hf engine, UI-TARS parse. Both modes run in the same process on the same tiny model.
 
     .venv/bin/python benchmarks/rollout_throughput.py [--slots 16] [--actions 96] [--model DIR]
+
+``--threads 2 1`` instead compares the micro-batched mode at those torch thread counts (the
+rollout worker's ``hf.threads``), and ``--hog`` runs a busy loop on one core beside it (a
+machine shared with the other services, as under `make run`).
 """
 
 from __future__ import annotations
@@ -69,11 +73,11 @@ def observation(
     )
 
 
-async def run_mode(policy, store, digests, args, max_batch: int) -> dict[str, float]:
+async def run_mode(policy, store, digests, args, max_batch: int, threads: int = 0) -> dict[str, float]:
     cfg = RolloutWorkerConfig(
         model="bench", prompt=PromptConfig(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     )
-    engine = HFEngine(policy, HFEngineConfig(max_batch_size=max_batch))
+    engine = HFEngine(policy, HFEngineConfig(max_batch_size=max_batch, threads=threads))
     load = blob_image_loader(store)
     answered = 0
     latencies: list[float] = []
@@ -141,8 +145,13 @@ async def main() -> None:
     p.add_argument("--screen", type=int, nargs=2, default=(320, 200))
     p.add_argument("--min-pixels", type=int, default=4 * 28 * 28)
     p.add_argument("--max-pixels", type=int, default=64 * 28 * 28)
+    p.add_argument("--threads", type=int, nargs="+", help="compare the micro-batched mode at these torch thread counts")
+    p.add_argument("--hog", action="store_true", help="a busy loop on one core beside the benchmark")
     args = p.parse_args()
     args.screen = tuple(args.screen)
+    if args.threads:
+        await compare_threads(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(args.model) if args.model else build_tiny(Path(tmp) / "tiny", seed=0)
         policy = load_policy(model_dir)
@@ -162,6 +171,32 @@ async def main() -> None:
     print(
         f"micro-batched / one-at-a-time throughput: {batched['actions_per_s'] / single['actions_per_s']:.2f}x"
     )
+
+
+async def compare_threads(args) -> None:
+    import subprocess
+    import sys
+
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.hog else None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = Path(args.model) if args.model else build_tiny(Path(tmp) / "tiny", seed=0)
+            policy = load_policy(model_dir)
+            store = LocalBlobStore(Path(tmp) / "blobs")
+            digests = screenshots(store, args.history + 1, args.screen)
+            results = {n: await run_mode(policy, store, digests, args, max_batch=args.max_batch, threads=n)
+                       for n in args.threads}
+    finally:
+        if hog is not None:
+            hog.kill()
+    print(f"model {model_dir.name}, {args.slots} slots, micro-batch<={args.max_batch}, "
+          f"{'a busy loop on one core beside it' if args.hog else 'nothing beside it'}")
+    print(f"{'threads':<10}{'actions/s':>10}{'busy':>7}{'batch':>7}{'p50 s':>8}")
+    for n, r in results.items():
+        print(f"{n:<10}{r['actions_per_s']:>10.2f}{r['busy_frac']:>7.0%}{r['mean_batch']:>7.1f}{r['p50_s']:>8.2f}")
+    first = args.threads[0]
+    for n in args.threads[1:]:
+        print(f"{n} / {first} threads throughput: {results[n]['actions_per_s'] / results[first]['actions_per_s']:.2f}x")
 
 
 if __name__ == "__main__":

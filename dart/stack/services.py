@@ -58,7 +58,7 @@ def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path,
     for i in range(cfg.rollout.workers):
         rollout = {"engine": "hf", "model": str(model_dir), "device": "cpu", "blobs": blobs,
                    "worker_id": f"rollout-{i}", "run_id": cfg.run_id, "convention": r.convention, "prompt": prompt,
-                   "hf": {"max_batch_size": r.engine_batch}, "heartbeat_s": 2.0}
+                   "hf": {"max_batch_size": r.engine_batch, "threads": r.threads}, "heartbeat_s": 2.0}
         if cfg.rollout.engine == "openai":
             # The server owns its weights: these workers cannot swap them (a new trainer version
             # reaches such a server only by restarting it on that version's weights).
