@@ -39,7 +39,7 @@ bench: install
 
 # Learning runs are benchmarks, not tests: each is a whole `dart up` (~20-30 min on 2 cores).
 ablate: install
-	$(PY) benchmarks/learning.py --ablate --config configs/pages.yaml --seeds 0 1 2
+	$(PY) benchmarks/learning.py --ablate --config configs/chain.yaml --seeds 0 1 2
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -10,7 +10,7 @@ config's ``rl_minutes`` as a cap, so a busier machine gives the same number of u
     .venv/bin/python benchmarks/learning.py --config configs/synthetic.yaml --seeds 0 1 2
     .venv/bin/python benchmarks/learning.py --config configs/synthetic.yaml --seeds 0 --stress
     # ablations on the multi-step preset: full dart and each knob off, 3 seeds each
-    .venv/bin/python benchmarks/learning.py --ablate --config configs/grid.yaml --seeds 0 1 2
+    .venv/bin/python benchmarks/learning.py --ablate --config configs/chain.yaml --seeds 0 1 2
 
 Runs go to ``--out`` (default ``runs/learning``), one directory per variant and seed; a run
 whose ``summary.json`` exists is not run again (so a long sweep can be resumed). Within a seed,

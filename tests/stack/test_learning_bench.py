@@ -28,7 +28,7 @@ bench = _bench()
 
 
 def built(name: str, tmp_path: Path) -> tuple[StackConfig, dict]:
-    raw = load_yaml(REPO / "configs" / "pages.yaml")
+    raw = load_yaml(REPO / "configs" / "chain.yaml")
     cfg = build(StackConfig, deep_merge(raw, bench.variant_overrides(name, build(StackConfig, raw))))
     sections = service_sections(cfg, workdir=tmp_path, model_dir=tmp_path / "warm")
     return cfg, sections
@@ -50,7 +50,7 @@ def test_each_variant_changes_only_its_knob(name, tmp_path):
     assert {k for k, off in knobs.items() if off} == ({name} if name != "full" else set())
     # the rest of the recipe is the config's own: the loss keeps KL off and halved negatives
     assert loss["kl_coef"] == 0.0 and loss["negative_scale"] == 0.5
-    assert cfg.recipe.preset == "pages" and cfg.max_updates == 40
+    assert cfg.recipe.preset == "chain" and cfg.max_updates == 40
 
 
 def test_the_table_gives_mean_and_spread_of_the_gain():
