@@ -30,8 +30,8 @@ class Recipe:
     the width axis turns by ~2e-4 rad per position and SFT never grounded (see the benchmark)."""
     threads: int = 1
     """torch CPU threads of the trainer and the rollout workers (1: on a shared 2-core machine
-    more threads run 5-10x slower: `benchmarks/rollout_throughput.py --threads 2 1` measured the
-    rollout worker's generation 8.2x faster on one thread beside a running `make run`)."""
+    more threads run 5-10x slower: `benchmarks/rollout_throughput.py --threads 2 1`, niced beside a
+    running `make run`, measured the rollout worker's generation 8.2x faster on one thread)."""
     preset: str = "tiny"
     """Synthetic task preset."""
     train_tasks: int = 400
