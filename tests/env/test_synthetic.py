@@ -137,8 +137,10 @@ def _center(w):
     return Click(x=(x0 + x1) / 2, y=(y0 + y1) / 2)
 
 
-def test_pages_the_named_colour_turns_the_page_and_a_wrong_button_goes_back():
-    task = make_task("pages", 3)
+def _paged(preset: str, seed: int):
+    """A ``pages``/``chain`` task, its screen, goal, named colour, page count, and ``on(page,
+    right)``: the button of that page with (right) or without the named colour."""
+    task = make_task(preset, seed)
     spec, goal = screen_of(task), goal_of(task)
     colour = task["instruction"].split()[2]
     pages = 1 + max(w["page"] for w in spec["widgets"])
@@ -149,6 +151,11 @@ def test_pages_the_named_colour_turns_the_page_and_a_wrong_button_goes_back():
         return next(w for w in spec["widgets"] if w["kind"] == "button" and w["page"] == page
                     and w["name"].startswith(colour) == right)
 
+    return task, spec, goal, colour, pages, on
+
+
+def test_pages_the_named_colour_turns_the_page_and_a_wrong_button_goes_back():
+    task, spec, goal, colour, pages, on = _paged("pages", 3)
     state = _run(task, [_center(on(0, True)), _center(on(1, True))])
     assert state["page"] == 2 and not state["done"]
     state = apply(spec, state, _center(on(2, False)))          # a wrong colour: one page back, not the end
@@ -164,16 +171,7 @@ def test_pages_the_named_colour_turns_the_page_and_a_wrong_button_goes_back():
 
 
 def test_chain_a_wrong_colour_costs_a_step_and_nothing_else():
-    task = make_task("chain", 5)
-    spec, goal = screen_of(task), goal_of(task)
-    colour = task["instruction"].split()[2]
-    pages = 1 + max(w["page"] for w in spec["widgets"])
-    assert 5 <= pages <= 10 and len(oracle_plan(task)) == pages
-
-    def on(page, right):
-        return next(w for w in spec["widgets"] if w["kind"] == "button" and w["page"] == page
-                    and w["name"].startswith(colour) == right)
-
+    task, spec, goal, _, pages, on = _paged("chain", 5)
     state = _run(task, [_center(on(0, True)), _center(on(1, True))])
     wrong = on(2, False)
     state = apply(spec, state, _center(wrong))
