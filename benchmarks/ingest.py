@@ -31,7 +31,7 @@ from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
 from dart.data import avroload
 from dart.data import projection as q
 from dart.data.config import BatcherConfig, DataConfig, HttpConfig, ProjectionConfig, SchedulerConfig
-from dart.data.decide import batch_inputs, schedule_inputs
+from dart.data.decide import LATE_MS, Horizon, batch_inputs, schedule_inputs
 from dart.data.manager import DataManager
 from dart.data.replay import compare, format_checks
 from dart.data.rows import TABLES, group_rows
@@ -52,6 +52,8 @@ from dart.events import (
     encode,
 )
 
+STEPS_PER_S = 333
+"""The generated run's pace (curation queries at scale)."""
 SAMPLING = Sampling(temperature=0.7, top_p=0.9, max_new_tokens=500, seed=1)
 ROUTE = ReplyRoute(topic="replies", partition=0, worker_id="env-0")
 
@@ -185,12 +187,20 @@ def raw_rate(store: Store, events: list[Event]) -> float:
 
 
 def generate(store: Store, steps: int) -> None:
-    """A projection of `steps` steps, generated inside ClickHouse (20 steps/trajectory)."""
+    """A projection of `steps` steps, generated inside ClickHouse (20 steps/trajectory).
+
+    Times are a run that ended now at ``STEPS_PER_S`` steps/s (1,000 environments at ~3 s a
+    step: 10M steps are ~9 hours); policy versions advance every 500 trajectories.
+    """
     db, n_traj = store.database, steps // 20
     c = store.command
+    end_ms = int(time.time() * 1000)
+
+    def at(step: str) -> str:  # the time of the step numbered by the SQL expression `step`
+        return f"fromUnixTimestamp64Milli(toInt64({end_ms} - ({steps} - ({step})) * 1000 / {STEPS_PER_S}))"
     c(f"""INSERT INTO {db}.actions (event_id, event_time, rollout_id, request_id, task_id, step_index, in_reply_to,
         response_token_ids, logprobs, entropies, num_tokens, mean_entropy, policy_version, prompt_hash)
-        SELECT concat('a', toString(number)), now64(3) - (1000000 - number), concat('r', toString(intDiv(number, 20))),
+        SELECT concat('a', toString(number)), {at('number')}, concat('r', toString(intDiv(number, 20))),
         concat('q', toString(intDiv(number, 20))), concat('task', toString(intDiv(number, 20) % 300)), number % 20,
         concat('o', toString(number)), arrayMap(i -> toInt32(i), range(40)), arrayMap(i -> -0.3, range(40)),
         arrayMap(i -> (number % 7) / 7, range(40)), 40, (number % 7) / 7, intDiv(intDiv(number, 20), 500), 'h'
@@ -198,7 +208,7 @@ def generate(store: Store, steps: int) -> None:
     c(f"""INSERT INTO {db}.observations (event_id, event_time, rollout_id, request_id, task_id, group_id, step_index,
         instruction, screenshot_digest, screen_width, screen_height, history_step_index, history_screenshot_digest,
         history_response_text)
-        SELECT concat('o', toString(number)), now64(3) - (1000000 - number), concat('r', toString(intDiv(number, 20))),
+        SELECT concat('o', toString(number)), {at('number')}, concat('r', toString(intDiv(number, 20))),
         concat('q', toString(intDiv(number, 20))), concat('task', toString(intDiv(number, 20) % 300)),
         concat('g', toString(intDiv(intDiv(number, 20), 8))), number % 20, 'Sum column B',
         hex(sipHash128(number)), 1920, 1080, arrayMap(i -> toInt32(i), range(greatest(0, toInt64(number % 20) - 5),
@@ -207,27 +217,27 @@ def generate(store: Store, steps: int) -> None:
         FROM numbers({steps})""")
     c(f"""INSERT INTO {db}.requests (event_id, event_time, request_id, task_id, group_id, rollout_index, group_size,
         max_steps, mode)
-        SELECT concat('e', toString(number)), now64(3) - (1000000 - number * 20), concat('q', toString(number)),
+        SELECT concat('e', toString(number)), {at('number * 20')}, concat('q', toString(number)),
         concat('task', toString(number % 300)), concat('g', toString(intDiv(number, 8))), number % 8, 8, 30, 'train'
         FROM numbers({n_traj})""")
     c(f"""INSERT INTO {db}.trajectories (event_id, event_time, rollout_id, request_id, task_id, group_id,
         rollout_index, status, num_steps, max_steps, step_policy_versions, min_policy_version, max_policy_version,
         mode, origin)
-        SELECT concat('f', toString(number)), now64(3) - (1000000 - number * 20), concat('r', toString(number)),
+        SELECT concat('f', toString(number)), {at('number * 20 + 19')}, concat('r', toString(number)),
         concat('q', toString(number)), concat('task', toString(number % 300)), concat('g', toString(intDiv(number, 8))),
         number % 8, if(number % 3 = 0, 'success', 'fail'), 20, 30, arrayMap(i -> intDiv(number, 500), range(20)),
         intDiv(number, 500), intDiv(number, 500), 'train', 'online'
         FROM numbers({n_traj})""")
     c(f"""INSERT INTO {db}.rewards (event_id, event_time, rollout_id, task_id, group_id, reward)
-        SELECT concat('w', toString(number)), now64(3), concat('r', toString(number)),
+        SELECT concat('w', toString(number)), {at('number * 20 + 19')}, concat('r', toString(number)),
         concat('task', toString(number % 300)), concat('g', toString(intDiv(number, 8))), if(number % 3 = 0, 1.0, 0.0)
         FROM numbers({n_traj})""")
     used = int(n_traj * 0.9) // 48
     c(f"""INSERT INTO {db}.batches (event_id, event_time, batch_id, seq, rollout_ids, trainer_version)
-        SELECT concat('b', toString(number)), now64(3), concat('batch', toString(number)), number,
+        SELECT concat('b', toString(number)), {at('number * 48 * 20 + 48 * 20')}, concat('batch', toString(number)), number,
         arrayMap(i -> concat('r', toString(number * 48 + i)), range(48)), intDiv(number * 48, 500)
         FROM numbers({used})""")
-    c(f"""INSERT INTO {db}.weights (event_id, event_time, version) SELECT concat('v', toString(number)), now64(3),
+    c(f"""INSERT INTO {db}.weights (event_id, event_time, version) SELECT concat('v', toString(number)), {at('number * 500 * 20')},
         number FROM numbers({n_traj // 500})""")
 
 
@@ -240,41 +250,76 @@ def timed(fn, repeat: int = 5) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times) * 1000
 
 
-def before_latencies(store: Store) -> list[tuple[str, float]]:
-    """The queries whose SQL moved the rollout filter inside the view (latest_outcomes), as they
-    were (reading the whole trajectory_rewards view), on the same store: the before column."""
-    db, cols = store.database, q._OUTCOME_COLS
-    return [
-        ("experience pool", timed(lambda: store.query(
-            f"""SELECT {cols} FROM {db}.trajectory_rewards WHERE origin IN ('experience', 'oracle')
-            AND has_reward = 1 AND reward >= 0.5 AND status != 'infra_error'
-            ORDER BY rollout_id LIMIT 64 BY task_id"""))),
-    ]
-
-
 def query_latencies(store: Store, steps: int) -> list[tuple[str, float]]:
+    """Each query a scheduler or batcher pass runs: the first pass after a start reads the whole
+    run; later passes read from the horizon the first one left (``decide.Horizon``)."""
     cfg = DataConfig()
     now = int(time.time() * 1000)
     batch = [f"r{i}" for i in range(48)]
+    oldest = q.current_version(store) - cfg.curation.window_versions
+    first, _ = schedule_inputs(store, cfg, now_ms=now, pending_requests=set())
+    since = first.open_since_ms
+
+    def steady_pass() -> None:
+        horizon = Horizon(open_since_ms=since, lengths_read_ms=now)
+        schedule_inputs(store, cfg, now_ms=now, pending_requests=set(), horizon=horizon)
+
     return [
         ("success-rate window (recent_outcomes)", timed(lambda: q.recent_outcomes(
-            store, mode="train", oldest_version=95, window=32))),
-        ("success lengths (max steps rule)", timed(lambda: q.success_lengths(store, threshold=0.5))),
+            store, mode="train", oldest_version=oldest, window=32))),
+        ("success lengths, whole run (first pass)", timed(lambda: q.success_lengths(store, threshold=0.5))),
+        ("success lengths, new rows (later passes)", timed(lambda: q.success_lengths(
+            store, threshold=0.5, since_ms=now - LATE_MS))),
         ("experience pool", timed(lambda: q.experience_pool(store, threshold=0.5))),
-        ("open groups + outcomes", timed(lambda: q.open_groups(store, mode="train"))),
-        ("in flight", timed(lambda: q.in_flight(store, mode="train", since_ms=now - 1_800_000))),
-        ("used rollouts", timed(lambda: q.used_rollouts(store))),
+        ("open groups, whole run (first pass)", timed(lambda: q.open_groups(store, mode="train"))),
+        ("open groups, from the horizon", timed(lambda: q.open_groups(store, mode="train", since_ms=since))),
+        ("in flight", timed(lambda: q.in_flight(store, mode="train", since_ms=max(since, now - 1_800_000)))),
+        ("used rollouts, whole run", timed(lambda: q.used_rollouts(store))),
+        ("used rollouts, from the horizon", timed(lambda: q.used_rollouts(store, since))),
         ("steps of a 48-rollout batch (960 steps)", timed(lambda: q.steps_of(store, batch))),
-        ("scheduler pass (all inputs)", timed(lambda: schedule_inputs(store, cfg, now_ms=now, pending_requests=set()))),
-        ("batcher pass (all inputs)", timed(lambda: batch_inputs(store, cfg))),
+        ("scheduler pass, first after a start", timed(lambda: schedule_inputs(
+            store, cfg, now_ms=now, pending_requests=set()))),
+        ("scheduler pass, later (from the horizon)", timed(steady_pass)),
+        ("batcher pass, first after a start", timed(lambda: batch_inputs(store, cfg))),
+        ("batcher pass, later (from the horizon)", timed(lambda: batch_inputs(store, cfg, since_ms=since))),
     ]
+
+
+def curation_at_scale(steps: int, keep: Path | None, *, client: object = None, target: object = None) -> None:
+    """Generate (or reuse, under ``keep``) a projection of ``steps`` steps and time the queries."""
+    with tempfile.TemporaryDirectory() as d:
+        if client is None:
+            where = keep if keep is not None else Path(d)
+            big = Store.open_dsn(f"chdb://{where / 'chdb'}", database="big")
+        else:
+            big = Store(client, "big", target)  # type: ignore[arg-type]
+        fresh = not big.query("SELECT count() FROM system.tables WHERE database = 'big' AND name = 'actions'")[0][0]
+        big.migrate()
+        t0 = time.perf_counter()
+        if fresh or not big.query("SELECT count() FROM big.trajectories")[0][0]:
+            generate(big, steps)
+        print(f"\ncuration queries at {steps} steps ({steps // 20} trajectories; generated in "
+              f"{time.perf_counter() - t0:.1f} s), median of 5:")
+        for name, ms in query_latencies(big, steps):
+            print(f"  {name:<42} {ms:8.1f} ms")
+        share = big.query("SELECT count() FROM big.requests WHERE event_time >= fromUnixTimestamp64Milli({s:Int64})",
+                          {"s": schedule_inputs(big, DataConfig(), now_ms=int(time.time() * 1000),
+                                                pending_requests=set())[0].open_since_ms})[0][0]
+        print(f"  (the horizon: {share} of {steps // 20} requests are read by a later pass)")
+        if client is None:
+            big.close()
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=60_000)
     ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--queries-only", action="store_true", help="only the curation queries at --steps")
+    ap.add_argument("--store", type=Path, help="keep the generated store here and reuse it (queries only)")
     args = ap.parse_args()
+    if args.queries_only:
+        curation_at_scale(args.steps, args.store)
+        return
     with tempfile.TemporaryDirectory() as d, DevBroker() as broker:
         tmp = Path(d)
         store = Store.open_dsn(f"chdb://{tmp / 'chdb'}", database="ingest")
@@ -313,17 +358,7 @@ async def main() -> None:
         alone_store.migrate()
         sql_alone = sql_rate(alone_store, events)
         print(f"  (ClickHouse path, alone, no broker: {sql_alone:.0f} events/s = {sql_alone / raw:.2f} of raw)")
-        big = Store(store.client, "big", store.target)
-        big.migrate()
-        t0 = time.perf_counter()
-        generate(big, args.steps)
-        print(f"\ncuration queries at {args.steps} steps ({args.steps // 20} trajectories; generated in "
-              f"{time.perf_counter() - t0:.1f} s), median of 5:")
-        for name, ms in query_latencies(big, args.steps):
-            print(f"  {name:<42} {ms:8.1f} ms")
-        print("  the same queries as they were before (same store, median of 5):")
-        for name, ms in before_latencies(big):
-            print(f"    {name:<40} {ms:8.1f} ms")
+        curation_at_scale(args.steps, None, client=store.client, target=store.target)
         store.close()
 
 

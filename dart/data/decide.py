@@ -7,7 +7,7 @@ that decides is in ``curation``, ``scheduler`` and ``batcher``; this module only
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dart.data import projection as q
 from dart.data.config import DataConfig
@@ -23,35 +23,75 @@ from dart.data.curation import (
 from dart.data.scheduler import Beat, Load, Retry, TaskState, live_capacity
 from dart.data.store import Store
 
+LATE_MS = 300_000
+"""How late (by its own time stamp) a trajectory or reward may reach the projection and still
+count in ``Horizon.lengths``: rows are read again from this far back on every pass."""
+
+
+@dataclass(slots=True)
+class Horizon:
+    """What the data manager carries from one pass to the next, so that a pass reads what is new
+    or still open instead of the whole run (at 10M steps the whole run is 500k rollouts).
+
+    A fresh Horizon reads everything (the first pass after a start); the data manager keeps one.
+    """
+
+    open_since_ms: int = 0
+    """Every group requested before this time is batched or closed for good: complete and not
+    kept (all success, all fail, too small, stale), or timed out. Only requests since are read."""
+    lengths: dict[str, int] = field(default_factory=dict)
+    """Longest successful trajectory per task seen so far."""
+    lengths_read_ms: int | None = None
+    """When ``lengths`` was last brought up to date (None: never: read the whole run)."""
+
+    def success_lengths(self, store: Store, *, threshold: float, now_ms: int) -> dict[str, list[int]]:
+        since = None if self.lengths_read_ms is None else self.lengths_read_ms - LATE_MS
+        for task, (n,) in q.success_lengths(store, threshold=threshold, since_ms=since).items():
+            self.lengths[task] = max(n, self.lengths.get(task, 0))
+        self.lengths_read_ms = now_ms
+        return {task: [n] for task, n in self.lengths.items()}
+
 
 @dataclass(frozen=True, slots=True)
 class ScheduleInputs:
     tasks: list[TaskState]
     load: Load
     retries: list[Retry]
+    open_since_ms: int
+    """The oldest request of a group still open or kept: the next pass's ``Horizon.open_since_ms``."""
 
 
-def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_requests: set[str]) -> tuple[
-        ScheduleInputs, set[str]]:
-    """What the scheduler needs now, and which of ``pending_requests`` the projection already holds."""
+def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_requests: set[str],
+                    horizon: Horizon | None = None) -> tuple[ScheduleInputs, set[str]]:
+    """What the scheduler needs now, and which of ``pending_requests`` the projection already holds.
+
+    ``horizon``: what earlier passes learned (None: read the whole run). Updated in place, but for
+    ``open_since_ms``, which the caller moves (it knows the requests sent and not projected yet).
+    """
     sched, cur = cfg.scheduler, cfg.curation
+    horizon = horizon if horizon is not None else Horizon()
     current = q.current_version(store)
     rates = success_rates(
         q.recent_outcomes(store, mode=sched.mode, oldest_version=current - cur.window_versions, window=cur.window),
         current_version=current, cfg=cur,
     )
-    lengths = q.success_lengths(store, threshold=cur.success_threshold)
-    groups, requested, templates = q.open_groups(store, mode=sched.mode)
+    lengths = horizon.success_lengths(store, threshold=cur.success_threshold, now_ms=now_ms)
+    since = horizon.open_since_ms
+    groups, requested, templates = q.open_groups(store, mode=sched.mode, since_ms=since)
     timeout_s = cfg.batcher.group_timeout_s
     open_per_task: Counter[str] = Counter()
     ready = 0
     retries: list[Retry] = []
+    still_open = [now_ms]     # opened_ms of groups a later pass must see again
     for g in groups:
         if is_complete(g, max_attempts=sched.max_attempts, now_ms=now_ms, timeout_s=timeout_s):
             verdict = judge_group(g.group_id, g.task_id, g.outcomes, current_version=current, cfg=cur,
                                   min_group_size=cfg.batcher.min_group_size)
             ready += verdict.is_kept
+            if verdict.is_kept:
+                still_open.append(g.opened_ms)
             continue
+        still_open.append(g.opened_ms)
         open_per_task[g.task_id] += 1
         t = templates[g.group_id]
         due = retries_due(g, max_attempts=sched.max_attempts, requested=requested[g.group_id])
@@ -66,10 +106,11 @@ def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_reque
     known = q.known_requests(store, sorted(pending_requests))
     capacity = sched.capacity if sched.capacity is not None else live_capacity(
         q.heartbeats(store), now_ms=now_ms, ttl_s=sched.heartbeat_ttl_s)
-    in_flight = q.in_flight(store, mode=sched.mode, since_ms=now_ms - int(sched.request_timeout_s * 1000))
+    # A request in flight belongs to a group that is not complete: requested since the horizon.
+    in_flight = q.in_flight(store, mode=sched.mode, since_ms=max(since, now_ms - int(sched.request_timeout_s * 1000)))
     load = Load(capacity=capacity, in_flight=in_flight + len(pending_requests - known),
                 unconsumed_batches=q.unconsumed_batches(store), ready_groups=ready, current_version=current)
-    return ScheduleInputs(tasks, load, retries), known
+    return ScheduleInputs(tasks, load, retries, min(still_open)), known
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +122,10 @@ class BatchInputs:
     current_version: int
 
 
-def batch_inputs(store: Store, cfg: DataConfig) -> BatchInputs:
-    groups, _, _ = q.open_groups(store, mode=cfg.scheduler.mode)
-    used, last_seq = q.used_rollouts(store)
+def batch_inputs(store: Store, cfg: DataConfig, *, since_ms: int = 0) -> BatchInputs:
+    """What the batcher needs now; ``since_ms``: ``Horizon.open_since_ms`` (0: the whole run)."""
+    groups, _, _ = q.open_groups(store, mode=cfg.scheduler.mode, since_ms=since_ms)
+    used, last_seq = q.used_rollouts(store, since_ms)
     pool = q.experience_pool(store, threshold=cfg.curation.success_threshold) if cfg.curation.inject_experience else {}
     return BatchInputs(groups, used, last_seq, pool, q.current_version(store))
 
@@ -94,10 +136,11 @@ def live_rollout_workers(beats: list[Beat], *, now_ms: int, ttl_s: float) -> lis
                   and now_ms - b.time_ms <= ttl_s * 1000)
 
 
-def round_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_requests: set[str]) -> tuple[
-        RoundState, list[TaskState], set[str]]:
-    """What the coupled planner needs now (``dart.data.coupled``), the tasks, and the known requests."""
-    inputs, known = schedule_inputs(store, cfg, now_ms=now_ms, pending_requests=pending_requests)
+def round_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_requests: set[str],
+                 horizon: Horizon | None = None) -> tuple[RoundState, list[TaskState], set[str], int]:
+    """What the coupled planner needs now (``dart.data.coupled``), the tasks, the known requests
+    and the next ``Horizon.open_since_ms``."""
+    inputs, known = schedule_inputs(store, cfg, now_ms=now_ms, pending_requests=pending_requests, horizon=horizon)
     last = q.last_batch(store)
     workers = live_rollout_workers(q.heartbeats(store), now_ms=now_ms, ttl_s=cfg.scheduler.heartbeat_ttl_s)
     state = RoundState(
@@ -106,4 +149,4 @@ def round_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_requests
         published_version=q.weights_from_batch(store, last) if last is not None else None,
         serving=q.serving_versions(store, workers), current_version=inputs.load.current_version,
     )
-    return state, inputs.tasks, known
+    return state, inputs.tasks, known, inputs.open_since_ms

@@ -25,7 +25,7 @@ from dart.data import projection as q
 from dart.data.batcher import build_manifest, plan_batch
 from dart.data.config import DataConfig
 from dart.data.coupled import RoundPlan, plan_round
-from dart.data.decide import batch_inputs, round_inputs, schedule_inputs
+from dart.data.decide import Horizon, batch_inputs, round_inputs, schedule_inputs
 from dart.data.http import SqlServer, Writer
 from dart.data.scheduler import Plan, PlannedRequest, plan_requests
 from dart.data.store import AsyncStore, Store, http_file
@@ -67,6 +67,8 @@ class DataManager:
         self._stopping = asyncio.Event()
         self._drain: asyncio.Task[None] | None = None
         self._pending_requests: dict[str, int] = {}
+        # What earlier passes learned: later passes read only open groups and new outcomes.
+        self.horizon = Horizon()
         # Batches this process emitted (the log scan at start covers earlier processes).
         self._used: set[str] = set()
         self._last_seq = -1
@@ -93,7 +95,8 @@ class DataManager:
         start = time.monotonic()
         # Caught up = every partition read to the high watermark its fetch reported. Waiting for
         # the projection to go quiet instead never ends once many workers heartbeat every second.
-        while (time.monotonic() - self._last_projected < CATCH_UP_IDLE_S and time.monotonic() - start < CATCH_UP_MAX_S
+        while (time.monotonic() - max(self._last_projected, start) < CATCH_UP_IDLE_S
+               and time.monotonic() - start < CATCH_UP_MAX_S
                and not self._stopping.is_set() and not self.consumer.reached_end.is_set()):
             await asyncio.sleep(0.1)
 
@@ -102,8 +105,11 @@ class DataManager:
     async def schedule_once(self, at_ms: int | None = None) -> Plan:
         at = at_ms if at_ms is not None else now_ms()
         self._forget_stale_pending(at)
+        pending = dict(self._pending_requests)
         inputs, known = await self.store.run(
-            lambda: schedule_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(self._pending_requests)))
+            lambda: schedule_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(pending),
+                                    horizon=self.horizon))
+        self._move_horizon(inputs.open_since_ms, pending)
         for rid in known:
             self._pending_requests.pop(rid, None)
         plan = plan_requests(inputs.tasks, inputs.load, inputs.retries, sched=self.cfg.scheduler,
@@ -114,6 +120,11 @@ class DataManager:
                      inputs.load.in_flight, plan.limit, plan.lag, f"; paused: {plan.paused}" if plan.paused else "")
         self.last_plan = plan
         return plan
+
+    def _move_horizon(self, open_since_ms: int, pending: dict[str, int]) -> None:
+        """Later passes read groups requested since the oldest one still open, or since the
+        oldest request sent before this pass (it may not have reached the projection yet)."""
+        self.horizon.open_since_ms = min([open_since_ms, *pending.values()])
 
     def _forget_stale_pending(self, at_ms: int) -> None:
         timeout_ms = int(self.cfg.scheduler.request_timeout_s * 1000)
@@ -135,8 +146,11 @@ class DataManager:
         """One pass of the coupled baseline (``pipeline: coupled``): request, assemble or wait."""
         at = at_ms if at_ms is not None else now_ms()
         self._forget_stale_pending(at)
-        state, tasks, known = await self.store.run(
-            lambda: round_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(self._pending_requests)))
+        pending = dict(self._pending_requests)
+        state, tasks, known, open_since = await self.store.run(
+            lambda: round_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(pending),
+                                 horizon=self.horizon))
+        self._move_horizon(open_since, pending)
         for rid in known:
             self._pending_requests.pop(rid, None)
         plan = plan_round(state, tasks, groups_per_batch=self.cfg.batcher.groups_per_batch, cur=self.cfg.curation,
@@ -168,7 +182,7 @@ class DataManager:
     async def batch_once(self, at_ms: int | None = None, *, take_all: bool = False) -> BatchAssembled | None:
         at = at_ms if at_ms is not None else now_ms()
         cfg = self.cfg
-        inputs = await self.store.run(batch_inputs, self.store.store, cfg)
+        inputs = await self.store.run(lambda: batch_inputs(self.store.store, cfg, since_ms=self.horizon.open_since_ms))
         used = inputs.used | self._used
         plan = plan_batch(inputs.groups, used=used, pool=inputs.pool, current_version=inputs.current_version,
                           cur=cfg.curation, bat=cfg.batcher, max_attempts=cfg.scheduler.max_attempts, now_ms=at,

@@ -43,8 +43,13 @@ def write_events(store: Store, events: Sequence[Event]) -> int:
 # ---------------------------------------------------------------- curation statistics
 
 
+_LATEST_COLS = """event_id, event_time, rollout_id, request_id, task_id, group_id, rollout_index, status,
+    finish_reason, num_steps, max_steps, min_policy_version, max_policy_version, attempt, mode, origin"""
+"""The trajectory columns curation reads (all of them cost ~4x: the arrays and timings)."""
+
+
 def latest_outcomes(db: str, *, trajectories: str, rewards: str | None = None) -> str:
-    """The ``trajectory_rewards`` view (schema.py) over only the rollouts that have a trajectory
+    """The ``trajectory_rewards`` view (schema.py), its ``_LATEST_COLS``, over only the rollouts that have a trajectory
     row matching ``trajectories`` (and, if given, a reward row matching ``rewards``), as a subquery.
 
     Exact under any outer filter that implies those predicates on the latest row and its latest
@@ -56,7 +61,7 @@ def latest_outcomes(db: str, *, trajectories: str, rewards: str | None = None) -
     if rewards is not None:
         ids += f" AND rollout_id IN (SELECT rollout_id FROM {db}.rewards WHERE {rewards})"
     return f"""(SELECT t.*, r.reward AS reward, r.evaluator AS evaluator, r.has_reward AS has_reward
-        FROM (SELECT * FROM {db}.trajectories FINAL WHERE rollout_id IN ({ids})
+        FROM (SELECT {_LATEST_COLS} FROM {db}.trajectories FINAL WHERE rollout_id IN ({ids})
               ORDER BY event_time DESC, event_id LIMIT 1 BY rollout_id) AS t
         LEFT JOIN (
             SELECT rollout_id, argMax(reward, event_time) AS reward, argMax(evaluator, event_time) AS evaluator,
@@ -67,24 +72,36 @@ def latest_outcomes(db: str, *, trajectories: str, rewards: str | None = None) -
 
 def recent_outcomes(store: Store, *, mode: str, oldest_version: int, window: int) -> list[Outcome]:
     """Per task, the last ``window`` scored online non-infra trajectories of versions >= oldest_version."""
-    # NOTE: the whole view, not latest_outcomes: the version window keeps most rollouts of a run
-    # (90 % in the 10M-step benchmark), and the rollout filter then costs more than it saves.
+    # Only the rollouts with a row of a recent version are rebuilt: the window is a few versions
+    # of a run (~1 % of its rollouts at 10M steps), and the latest row must itself be recent.
+    recent = "max_policy_version >= {oldest:Int64}"
     rows = store.query(
-        f"""SELECT {_OUTCOME_COLS} FROM {store.database}.trajectory_rewards
+        f"""SELECT {_OUTCOME_COLS} FROM {latest_outcomes(store.database, trajectories=recent)}
         WHERE mode = {{mode:String}} AND origin = 'online' AND status != 'infra_error' AND has_reward = 1
-          AND max_policy_version >= {{oldest:Int64}}
+          AND {recent}
         ORDER BY event_time DESC, rollout_id DESC LIMIT {{window:UInt32}} BY task_id""",
         {"mode": mode, "oldest": oldest_version, "window": window},
     )
     return [_outcome(r) for r in rows]
 
 
-def success_lengths(store: Store, *, threshold: float) -> dict[str, list[int]]:
-    """Per task, the longest successful trajectory (any origin: a success shows what it takes)."""
+def success_lengths(store: Store, *, threshold: float, since_ms: int | None = None) -> dict[str, list[int]]:
+    """Per task, the longest successful trajectory (any origin: a success shows what it takes).
+
+    With ``since_ms``, only rollouts with a trajectory or reward row stamped since then: what is
+    new since an earlier call (the caller keeps the running maximum, ``decide.Horizon``)."""
+    db = store.database
+    src = f"{db}.trajectory_rewards"
+    params: dict[str, Any] = {"thr": threshold}
+    if since_ms is not None:
+        since = "event_time >= fromUnixTimestamp64Milli({since:Int64})"
+        src = latest_outcomes(db, trajectories=f"""({since} OR rollout_id IN (
+            SELECT rollout_id FROM {db}.rewards WHERE {since}))""")
+        params["since"] = since_ms
     rows = store.query(
-        f"""SELECT task_id, max(num_steps) FROM {store.database}.trajectory_rewards
+        f"""SELECT task_id, max(num_steps) FROM {src}
         WHERE has_reward = 1 AND reward >= {{thr:Float64}} AND status != 'infra_error' GROUP BY task_id""",
-        {"thr": threshold},
+        params,
     )
     return {r[0]: [int(r[1])] for r in rows}
 
@@ -120,10 +137,13 @@ def train_tasks(store: Store, *, split: str) -> list[tuple[str, str]]:
 
 def in_flight(store: Store, *, mode: str, since_ms: int) -> int:
     """Requests since ``since_ms`` with no trajectory for their (request_id, attempt) yet."""
+    db = store.database
+    since = "event_time >= fromUnixTimestamp64Milli({since:Int64})"
     rows = store.query(
-        f"""SELECT count() FROM {store.database}.requests FINAL
-        WHERE mode = {{mode:String}} AND event_time >= fromUnixTimestamp64Milli({{since:Int64}})
-          AND (request_id, attempt) NOT IN (SELECT request_id, attempt FROM {store.database}.trajectories)""",
+        f"""SELECT count() FROM {db}.requests FINAL
+        WHERE mode = {{mode:String}} AND {since}
+          AND (request_id, attempt) NOT IN (SELECT request_id, attempt FROM {db}.trajectories
+              WHERE request_id IN (SELECT request_id FROM {db}.requests WHERE {since}))""",
         {"mode": mode, "since": since_ms},
     )
     return int(rows[0][0])
@@ -208,10 +228,13 @@ def serving_versions(store: Store, workers: Sequence[str]) -> dict[str, int]:
 # ---------------------------------------------------------------- batching
 
 
-def used_rollouts(store: Store) -> tuple[set[str], int]:
-    """Rollout ids already in a projected batch, and the highest batch seq (-1: none)."""
+def used_rollouts(store: Store, since_ms: int = 0) -> tuple[set[str], int]:
+    """Rollout ids in a projected batch stamped since ``since_ms``, and the highest batch seq
+    (-1: none). A batch is stamped after the requests of its groups (both by the data manager)."""
     db = store.database
-    used = {r[0] for r in store.query(f"SELECT DISTINCT arrayJoin(rollout_ids) FROM {db}.batches")}
+    used = {r[0] for r in store.query(
+        f"SELECT DISTINCT arrayJoin(rollout_ids) FROM {db}.batches WHERE event_time >= fromUnixTimestamp64Milli({{s:Int64}})",
+        {"s": since_ms})}
     rows = store.query(f"SELECT max(seq), count() FROM {db}.batches")
     return used, (int(rows[0][0]) if rows[0][1] else -1)
 
@@ -226,19 +249,23 @@ def batch_exists(store: Store, batch_id: str, rollout_ids: Sequence[str]) -> boo
     return int(rows[0][0]) > 0
 
 
-def open_groups(store: Store, *, mode: str) -> tuple[list[GroupProgress], dict[str, dict[int, int]], dict[str, Row]]:
-    """Groups none of whose rollouts is in a batch yet: their progress, the highest attempt
-    requested per rollout index, and each group's request template (task, backend, max_steps)."""
+def open_groups(store: Store, *, mode: str, since_ms: int = 0) -> tuple[
+        list[GroupProgress], dict[str, dict[int, int]], dict[str, Row]]:
+    """Groups requested since ``since_ms`` none of whose rollouts is in a batch yet: their
+    progress, the highest attempt requested per rollout index, and each group's request template
+    (task, backend, max_steps). ``since_ms``: every group requested before it is known to be
+    batched or closed (``decide.Horizon``); 0 reads the whole run."""
     db = store.database
+    since = "event_time >= fromUnixTimestamp64Milli({since:Int64})"
     groups = store.query(
         f"""SELECT group_id, any(task_id), max(group_size), toUnixTimestamp64Milli(min(event_time)),
                groupArray((rollout_index, attempt)), any(backend), any(max_steps)
         FROM {db}.requests FINAL
-        WHERE mode = {{mode:String}} AND group_id NOT IN (
+        WHERE mode = {{mode:String}} AND {since} AND group_id NOT IN (
             SELECT group_id FROM {db}.trajectories
-            WHERE rollout_id IN (SELECT arrayJoin(rollout_ids) FROM {db}.batches))
+            WHERE rollout_id IN (SELECT arrayJoin(rollout_ids) FROM {db}.batches WHERE {since}))
         GROUP BY group_id""",
-        {"mode": mode},
+        {"mode": mode, "since": since_ms},
     )
     if not groups:
         return [], {}, {}

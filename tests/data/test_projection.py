@@ -222,3 +222,52 @@ def test_filtered_outcome_queries_return_what_the_whole_view_returns(store: Stor
     ids = "(" + ", ".join(f"'{g.group_id}'" for g in groups) + ")"
     assert by_id(o for g in groups for o in g.outcomes) == by_id(q._outcome(r) for r in old("open", groups=ids))
 
+
+
+def test_a_pass_from_the_horizon_decides_what_a_whole_read_decides(store: Store) -> None:
+    """The scheduler's later passes read only groups requested since the oldest one still open
+    (or kept and not batched yet) and outcomes new since the last pass; they decide the same."""
+    from dart.data.config import CurationConfig, DataConfig, SchedulerConfig
+    from dart.data.decide import Horizon, batch_inputs, schedule_inputs
+    from dart.events import BatchAssembled
+
+    cfg = DataConfig(scheduler=SchedulerConfig(capacity=16),
+                     curation=CurationConfig(min_failed_steps=0, staleness_bound=100))
+    closed, _ = group("a", [1.0, 1.0], t=T0)                     # all success: closed for good
+    kept, kept_trajs = group("a", [1.0, 0.0], t=T0 + 10_000)     # complete and kept, not batched yet
+    half, half_trajs = group("b", [None, None], t=T0 + 20_000)   # requested, nothing finished yet
+    half = [e for e in half if type(e).__name__ == "RolloutRequested"]
+    q.write_events(store, [task("a"), task("b"), *closed, *kept, *half])
+    horizon = Horizon()
+
+    def both(now: int):  # a pass from the horizon and a whole read at the same moment
+        ours, _ = schedule_inputs(store, cfg, now_ms=now, pending_requests=set(), horizon=horizon)
+        whole, _ = schedule_inputs(store, cfg, now_ms=now, pending_requests=set())
+        assert (ours.tasks, ours.load, ours.retries) == (whole.tasks, whole.load, whole.retries)
+        horizon.open_since_ms = ours.open_since_ms
+        return ours
+
+    first = both(T0 + 60_000)
+    assert first.open_since_ms == T0 + 10_000                    # the kept group holds it back
+    assert first.load.ready_groups == 1 and {t.task_id: t.open_groups for t in first.tasks} == {"a": 0, "b": 1}
+    # the kept group is batched: the horizon moves to the group still running
+    rollouts = [tr.rollout_id for tr in kept_trajs]
+    q.write_events(store, [BatchAssembled(
+        event_id="b1", event_time=T0 + 61_000, run_id="r", producer="dm", batch_id="b-1", seq=0,
+        manifest_digest="f" * 64, manifest_bytes=1, num_samples=8, num_groups=1, num_trajectories=2,
+        rollout_ids=rollouts, task_ids=["a"], min_policy_version=0, max_policy_version=0, trainer_version=0)])
+    assert both(T0 + 62_000).open_since_ms == T0 + 20_000
+    assert batch_inputs(store, cfg, since_ms=T0 + 20_000).used == set(rollouts)   # stamped since
+    assert batch_inputs(store, cfg, since_ms=T0 + 62_000).used == set()
+    # it finishes with a longer success than any before: the running maximum takes it
+    for tr in half_trajs:
+        tr.reward, tr.status, tr.steps, tr.t = 1.0 - tr.index, ("success", "fail")[tr.index], 9, T0 + 63_000
+        q.write_events(store, [e for e in tr.events() if type(e).__name__ in ("TrajectoryFinished", "RewardAssigned")])
+    third = both(T0 + 70_000)
+    assert third.open_since_ms == T0 + 20_000 and third.load.ready_groups == 1
+    assert horizon.lengths == {"a": 4, "b": 9}
+    # a request stamped before the horizon is not read again (it is the caller's job, the data
+    # manager's, never to move the horizon past a request it sent and has not seen projected)
+    q.write_events(store, [request("b", "g-late", 0, 1, t=T0 + 5_000)])
+    late, _ = schedule_inputs(store, cfg, now_ms=T0 + 71_000, pending_requests=set(), horizon=horizon)
+    assert {t.task_id: t.open_groups for t in late.tasks}["b"] == 0
