@@ -2,8 +2,12 @@
 typed actions (keys and text, as an agent would send them), then the task's own evaluator must
 give 1 (and gave 0 before the solution, so the score is the solution's doing).
 
-Only tasks whose setup needs no download run here (no test touches the internet). Settings
-tasks are solved the way an agent with a terminal solves them on OSWorld's Ubuntu (Ctrl+Alt+T).
+Most tasks here need no download (no test touches the internet). Office tasks open a file from
+a URL: for a few, the test puts a stand-in file in the slot's download cache (made here with
+python-docx / openpyxl to fit the task's words, the real one is not at hand), so setup, the
+keys an agent sends, LibreOffice's save and OSWorld's evaluator still all run for real; their
+test names say "stand_in". Settings tasks are solved the way an agent with a terminal solves
+them on OSWorld's Ubuntu (Ctrl+Alt+T).
 
 Plans wait on conditions where an app may be slow (a window taking the focus, a file the
 terminal's last command writes); real Chromium, GIMP and LibreOffice on a 2-core machine still
@@ -15,13 +19,17 @@ fails both tries.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import io
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from dart.agent.actions import Action, CallUser, Finished, Hotkey, Type, Wait
+from dart.env.downloads import task_urls
 from dart.env.tasks import load_task
 from dart.env.xdesktop import XDesktopBackend, XDesktopConfig, local_tasks, oracle_plan
 from tests.conftest import SHARED
@@ -156,6 +164,70 @@ SOLUTIONS: dict[str, list[Action | Focused]] = {
                                                   Wait()],
 }
 
+def docx(*paragraphs: str, page_breaks: int = 0) -> bytes:
+    """A Word file: ``paragraphs``, then ``page_breaks`` more pages of one paragraph each."""
+    import docx as python_docx
+
+    doc = python_docx.Document()
+    for text in paragraphs:
+        doc.add_paragraph(text)
+    for page in range(page_breaks):
+        doc.add_page_break()
+        doc.add_paragraph(f"Page {page + 2}: the declarant states what is true to the best of their knowledge.")
+    out = io.BytesIO()
+    doc.save(out)
+    return out.getvalue()
+
+
+def xlsx(rows: list[list[object]]) -> bytes:
+    import openpyxl
+
+    book = openpyxl.Workbook()
+    for row in rows:
+        book.active.append(row)
+    out = io.BytesIO()
+    book.save(out)
+    return out.getvalue()
+
+
+def _orders(seq: Callable[[int], object]) -> bytes:
+    return xlsx([["Seq No.", "Order ID", "Sales"], *[[seq(i), 1000 + i, 25 * i] for i in range(1, 11)]])
+
+
+def _zones(totals: bool) -> bytes:
+    sales = {"North": [10, 20, 30], "South": [5, 15, 25], "East": [7, 8, 9]}
+    rows: list[list[object]] = [["Zone", "Q1", "Q2", "Q3", "Total"]]
+    rows += [[zone, *q, sum(q) if totals else None] for zone, q in sales.items()]
+    columns = [sum(q[i] for q in sales.values()) for i in range(3)]
+    rows.append(["Total", *(columns if totals else [None] * 3), sum(columns) if totals else None])
+    return xlsx(rows)
+
+
+STAND_INS: dict[str, tuple[dict[str, bytes], list[Action | Focused]]] = {
+    # key: (stand-in bytes by the URL's last path part, the plan)
+    "libreoffice_writer/3ef2b351-8a84-4ff2-8724-d86eae9b842e": (
+        {"Constitution_Template_With_Guidelines.docx": docx(
+            "Constitution of the Example Society", "Article 1. The name of this society is the Example Society.",
+            "Article 2. Its purpose is to bring its members together.")},
+        [Focused("LibreOffice Writer"), Hotkey(keys=("ctrl", "home")), Hotkey(keys=("ctrl", "e")), Wait()]),
+    "libreoffice_writer/ecc2413d-8a48-416e-a3a2-d30106ca36cb": (   # 4 page breaks; the task wants 5
+        {"Sample_Statutory_Declaration.docx": docx("Statutory Declaration", page_breaks=4)},
+        [Focused("LibreOffice Writer"), Hotkey(keys=("ctrl", "home")), Hotkey(keys=("end",)),
+         Hotkey(keys=("ctrl", "enter")), Wait()]),
+    "libreoffice_calc/7efeb4b1-3d19-4762-b163-63328d66303b": (
+        {"Order_Sales_Serial%23.xlsx": _orders(lambda i: None),
+         "Order_Sales_Serial%23_gold.xlsx": _orders(lambda i: f"No. {i}")},
+        [Focused("LibreOffice Calc"), Hotkey(keys=("ctrl", "home")), Hotkey(keys=("down",)),
+         Type(content="".join(f"No. {i}\n" for i in range(1, 11))), Wait()]),
+    "libreoffice_calc/f9584479-3d0d-4c79-affa-9ad7afdd8850": (   # totals, as formulas, in E2:E5 and B5:D5
+        {"Quarterly_Product_Sales_by_Zone.xlsx": _zones(totals=False),
+         "Quarterly_Product_Sales_by_Zone_gold.xlsx": _zones(totals=True)},
+        [Focused("LibreOffice Calc"), Hotkey(keys=("ctrl", "home")), *[Hotkey(keys=("right",))] * 4,
+         Hotkey(keys=("down",)), Type(content="=SUM(B2:D2)\n=SUM(B3:D3)\n=SUM(B4:D4)\n=SUM(E2:E4)\n"),
+         Hotkey(keys=("up",)), Hotkey(keys=("home",)), Hotkey(keys=("right",)),
+         Type(content="=SUM(B2:B4)\t=SUM(C2:C4)\t=SUM(D2:D4)\n"), Wait()]),
+}
+
 INFEASIBLE = [  # the right answer is to say so (call_user): these also prove the setup runs
     "chrome/3720f614-37fd-4d04-8a6b-76f54f8c222d",
     "chrome/93eabf48-6a27-4cb6-b963-7d5fe1e0d3a9",
@@ -237,8 +309,10 @@ def _path(key: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-async def desktop(xdesktop_available):
-    backend = XDesktopBackend(CFG, slot=92)
+async def desktop(xdesktop_available, tmp_path_factory):
+    # Its own download cache: the stand-in files never reach a user's real one.
+    cfg = dataclasses.replace(CFG, downloads=str(tmp_path_factory.mktemp("downloads")))
+    backend = XDesktopBackend(cfg, slot=92)
     yield backend
     await backend.close()
 
@@ -261,6 +335,22 @@ async def test_scripted_solution_scores_one(desktop, key):
     assert before == 0.0, f"{key} scores {before} before any action"
     # A fresh reset: the evaluation's postconfig may have changed the desktop.
     score, details = await play_twice(desktop, task, SOLUTIONS[key])
+    assert score == 1.0, (key, details)
+
+
+@pytest.mark.skipif(shutil.which("libreoffice") is None, reason="needs libreoffice")
+@pytest.mark.parametrize("key", sorted(STAND_INS))
+async def test_scripted_solution_on_stand_in_files_scores_one(desktop, key):
+    files, plan = STAND_INS[key]
+    task = load_task(_path(key))
+    urls = task_urls(task)
+    assert sorted(u.rsplit("/", 1)[-1] for u in urls) == sorted(files), urls
+    for url in urls:
+        desktop.setup.downloads.put(url, files[url.rsplit("/", 1)[-1]])
+    await desktop.reset(task)
+    before, details = await desktop.evaluate(task, final_action=None)
+    assert before == 0.0, f"{key} scores {before} before any action ({details})"
+    score, details = await play_twice(desktop, task, plan)
     assert score == 1.0, (key, details)
 
 
