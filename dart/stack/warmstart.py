@@ -138,6 +138,8 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
     check = random.Random(f"{recipe.seed}:sft-check").sample(list(train), min(len(train), recipe.sft_check_episodes))
     size = min(recipe.sft_micro_batch, len(kept))
     losses: list[float] = []
+    best: tuple[float, int, dict[str, Any]] | None = None   # (success, step, weights) of the best check
+    success = -1.0
     for step, chunk in enumerate(shuffled_chunks(kept, size, rng), start=1):
         batch = collate(chunk, torch.ones(size, dtype=torch.bool), pad_id=policy.pad_token_id)
         logp_B_T, _ = engine.forward(batch)
@@ -155,9 +157,19 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
             if success >= recipe.sft_target_success:
                 log(f"sft step {step}: warm start reached its target")
                 break
+            if best is None or success > best[0]:
+                best = (success, step, engine.full_state_dict())
         if step == recipe.sft_steps:
             break
-    save_policy(policy, workdir / "warm", state=engine.full_state_dict())
+    state = engine.full_state_dict()
+    if best is not None and success < recipe.sft_target_success and best[0] > success:
+        # SFT on a few demonstrations can swing (0.19 at one check, 0.00 at the last): the
+        # warm start is the best check's weights, not the last step's.
+        log(f"sft: target {recipe.sft_target_success} not reached; keeping step {best[1]} "
+            f"(training-task success {best[0]:.3f}, the last check {success:.3f})")
+        state = best[2]
+        policy.model.load_state_dict(state)
+    save_policy(policy, workdir / "warm", state=state)
     return workdir / "warm"
 
 

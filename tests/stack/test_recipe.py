@@ -143,6 +143,33 @@ def test_sft_stops_at_the_first_check_that_reaches_its_target(tmp_path: Path, mo
     assert all(n == 4 for _, n in calls)
 
 
+def test_sft_that_misses_its_target_keeps_the_best_checks_weights(tmp_path: Path, monkeypatch) -> None:
+    """Checks at steps 3, 6, 9 score 0.2, 0.4, 0.0 (target 0.9): the warm start is step 6's model."""
+    import torch
+
+    import dart.stack.warmstart as warmstart
+    from dart.agent.model import load_policy
+    from dart.blobs import LocalBlobStore
+
+    scripted, at_check = iter([0.2, 0.4, 0.0]), []
+
+    def fake_evaluate(policy, tasks, episodes, *, store, recipe, phase=0):
+        at_check.append({k: v.detach().clone() for k, v in policy.model.state_dict().items()})
+        return next(scripted)
+
+    monkeypatch.setattr(warmstart, "evaluate", fake_evaluate)
+    recipe = Recipe(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=9, sft_micro_batch=2, tasks_per_update=2,
+                    sft_target_success=0.9, sft_check_every=3, sft_check_episodes=4, sft_lr=1e-2)
+    train, _ = make_tasks(recipe)
+    lines: list[str] = []
+    warm = warmstart.warm_start(recipe, tmp_path, LocalBlobStore(tmp_path / "blobs"), train, log=lines.append)
+    assert lines[-1] == "sft: target 0.9 not reached; keeping step 6 (training-task success 0.400, the last check 0.000)"
+    saved = load_policy(warm).model.state_dict()
+    moved = [k for k in saved if not torch.equal(at_check[1][k], at_check[2][k])]
+    assert moved, "SFT changed no weight between steps 6 and 9: the test would prove nothing"
+    assert all(torch.allclose(saved[k].float(), at_check[1][k].float()) for k in moved)
+
+
 def test_eval_schedule_cycles_tasks_in_order() -> None:
     tasks = [{"id": "a"}, {"id": "b"}, {"id": "c"}]
     assert [t["id"] for t in eval_schedule(tasks, 7)] == ["a", "b", "c", "a", "b", "c", "a"]
