@@ -34,8 +34,9 @@ from dart.events import BatchAssembled, RolloutRequested, Sampling
 
 log = logging.getLogger(__name__)
 
-CATCH_UP_IDLE_S = 1.0
-"""The projection counts as caught up with the log once no record arrived for this long."""
+CATCH_UP_IDLE_S = 5.0
+"""Failing the consumer's own end-of-log signal, the projection counts as caught up once no
+record arrived for this long after the join (a loaded machine can take seconds to fetch)."""
 CATCH_UP_MAX_S = 120.0
 # On stop: keep projecting until nothing new arrived for DRAIN_IDLE_S (at most DRAIN_MAX_S).
 DRAIN_IDLE_S = 1.5
@@ -106,10 +107,11 @@ class DataManager:
         at = at_ms if at_ms is not None else now_ms()
         self._forget_stale_pending(at)
         pending = dict(self._pending_requests)
+        horizon = self._horizon()
         inputs, known = await self.store.run(
             lambda: schedule_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(pending),
-                                    horizon=self.horizon))
-        self._move_horizon(inputs.open_since_ms, pending)
+                                    horizon=horizon))
+        self._move_horizon(horizon, inputs.open_since_ms, pending)
         for rid in known:
             self._pending_requests.pop(rid, None)
         plan = plan_requests(inputs.tasks, inputs.load, inputs.retries, sched=self.cfg.scheduler,
@@ -121,10 +123,17 @@ class DataManager:
         self.last_plan = plan
         return plan
 
-    def _move_horizon(self, open_since_ms: int, pending: dict[str, int]) -> None:
+    def _horizon(self) -> Horizon:
+        """The horizon a pass may use: the kept one once the projection holds the whole log up to
+        where it stood when the consumer joined (before that, rows with old time stamps may still
+        arrive: every pass reads the whole run)."""
+        return self.horizon if self.consumer.reached_end.is_set() else Horizon()
+
+    def _move_horizon(self, used: Horizon, open_since_ms: int, pending: dict[str, int]) -> None:
         """Later passes read groups requested since the oldest one still open, or since the
         oldest request sent before this pass (it may not have reached the projection yet)."""
-        self.horizon.open_since_ms = min([open_since_ms, *pending.values()])
+        if used is self.horizon:
+            self.horizon.open_since_ms = min([open_since_ms, *pending.values()])
 
     def _forget_stale_pending(self, at_ms: int) -> None:
         timeout_ms = int(self.cfg.scheduler.request_timeout_s * 1000)
@@ -147,10 +156,11 @@ class DataManager:
         at = at_ms if at_ms is not None else now_ms()
         self._forget_stale_pending(at)
         pending = dict(self._pending_requests)
+        horizon = self._horizon()
         state, tasks, known, open_since = await self.store.run(
             lambda: round_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(pending),
-                                 horizon=self.horizon))
-        self._move_horizon(open_since, pending)
+                                 horizon=horizon))
+        self._move_horizon(horizon, open_since, pending)
         for rid in known:
             self._pending_requests.pop(rid, None)
         plan = plan_round(state, tasks, groups_per_batch=self.cfg.batcher.groups_per_batch, cur=self.cfg.curation,
@@ -182,7 +192,8 @@ class DataManager:
     async def batch_once(self, at_ms: int | None = None, *, take_all: bool = False) -> BatchAssembled | None:
         at = at_ms if at_ms is not None else now_ms()
         cfg = self.cfg
-        inputs = await self.store.run(lambda: batch_inputs(self.store.store, cfg, since_ms=self.horizon.open_since_ms))
+        since = self._horizon().open_since_ms
+        inputs = await self.store.run(lambda: batch_inputs(self.store.store, cfg, since_ms=since))
         used = inputs.used | self._used
         plan = plan_batch(inputs.groups, used=used, pool=inputs.pool, current_version=inputs.current_version,
                           cur=cfg.curation, bat=cfg.batcher, max_attempts=cfg.scheduler.max_attempts, now_ms=at,

@@ -277,3 +277,28 @@ async def test_clickhouse_projects_the_log_and_malformed_records_still_reach_the
     tables = {t: rows for t, rows in snapshot(store).items() if t != "dead_letters"}   # it projects its own DLQ
     assert tables == {t: rows for t, rows in snapshot(direct).items() if t != "dead_letters"}
     direct.command(f"DROP DATABASE {direct.database}")
+
+
+async def test_the_horizon_is_kept_only_once_the_projection_holds_the_log(bus: BusConfig, store: Store,
+                                                                          blobs: LocalBlobStore) -> None:
+    """Before the consumer reached the end of the log, rows with old time stamps may still come:
+    every pass reads the whole run. After, the horizon moves, never past a request sent and not
+    seen projected."""
+    from dart.data.decide import Horizon
+
+    dm = DataManager(config(), bus, store=store, blobs=blobs)
+    try:
+        fresh = dm._horizon()
+        assert fresh is not dm.horizon and fresh.open_since_ms == 0
+        dm._move_horizon(fresh, 5_000, {})
+        assert dm.horizon.open_since_ms == 0
+        dm.consumer.reached_end.set()
+        assert dm._horizon() is dm.horizon
+        dm._move_horizon(dm.horizon, 5_000, {"sent-not-projected": 3_000})
+        assert dm.horizon.open_since_ms == 3_000
+        dm._move_horizon(dm.horizon, 9_000, {})
+        assert dm.horizon.open_since_ms == 9_000
+        dm._move_horizon(Horizon(), 20_000, {})     # a pass on a whole read moves nothing
+        assert dm.horizon.open_since_ms == 9_000
+    finally:
+        dm.producer.close()
