@@ -59,6 +59,9 @@ class ScheduleInputs:
     retries: list[Retry]
     open_since_ms: int
     """The oldest request of a group still open or kept: the next pass's ``Horizon.open_since_ms``."""
+    batchable: int = 0
+    """Complete groups a batch could take (kept, or all-fail where experience may be injected):
+    with fewer than ``groups_per_batch`` the batcher has nothing to do."""
 
 
 def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_requests: set[str],
@@ -80,7 +83,7 @@ def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_reque
     groups, requested, templates = q.open_groups(store, mode=sched.mode, since_ms=since)
     timeout_s = cfg.batcher.group_timeout_s
     open_per_task: Counter[str] = Counter()
-    ready = 0
+    ready = batchable = 0
     retries: list[Retry] = []
     still_open = [now_ms]     # opened_ms of groups a later pass must see again
     for g in groups:
@@ -88,6 +91,8 @@ def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_reque
             verdict = judge_group(g.group_id, g.task_id, g.outcomes, current_version=current, cfg=cur,
                                   min_group_size=cfg.batcher.min_group_size)
             ready += verdict.is_kept
+            # The batcher may also keep an all-fail group, with an experience-pool success in it.
+            batchable += verdict.is_kept or (verdict.reason == "all_fail" and cur.inject_experience)
             if verdict.is_kept:
                 still_open.append(g.opened_ms)
             continue
@@ -110,7 +115,7 @@ def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_reque
     in_flight = q.in_flight(store, mode=sched.mode, since_ms=max(since, now_ms - int(sched.request_timeout_s * 1000)))
     load = Load(capacity=capacity, in_flight=in_flight + len(pending_requests - known),
                 unconsumed_batches=q.unconsumed_batches(store), ready_groups=ready, current_version=current)
-    return ScheduleInputs(tasks, load, retries, min(still_open)), known
+    return ScheduleInputs(tasks, load, retries, min(still_open), batchable), known
 
 
 @dataclass(frozen=True, slots=True)

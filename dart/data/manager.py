@@ -75,6 +75,9 @@ class DataManager:
         self._last_seq = -1
         self.batches_emitted = 0
         self.last_plan: Plan | None = None
+        self.batchable: int | None = None
+        """Groups a batch could take, as the last scheduler pass saw them (None: no pass yet)."""
+        self.batch_passes_skipped = 0
         self.last_round: RoundPlan | None = None
         self.rounds_started = 0
 
@@ -121,6 +124,7 @@ class DataManager:
             log.info("scheduled %d rollouts (in flight %d, limit %d, lag %d)%s", len(plan.requests),
                      inputs.load.in_flight, plan.limit, plan.lag, f"; paused: {plan.paused}" if plan.paused else "")
         self.last_plan = plan
+        self.batchable = inputs.batchable
         return plan
 
     def _horizon(self) -> Horizon:
@@ -188,6 +192,15 @@ class DataManager:
             if isinstance(d.event, BatchAssembled):
                 self._used.update(d.event.rollout_ids)
                 self._last_seq = max(self._last_seq, d.event.seq)
+
+    async def batch_when_ready(self) -> BatchAssembled | None:
+        """A batcher pass, unless the last scheduler pass saw too few complete groups for a batch
+        (most passes: a batch needs ``groups_per_batch`` groups, and the passes run every second)."""
+        if (self.cfg.scheduler.enabled and self.batchable is not None
+                and self.batchable < self.cfg.batcher.groups_per_batch):
+            self.batch_passes_skipped += 1
+            return None
+        return await self.batch_once()
 
     async def batch_once(self, at_ms: int | None = None, *, take_all: bool = False) -> BatchAssembled | None:
         at = at_ms if at_ms is not None else now_ms()
@@ -272,7 +285,7 @@ class DataManager:
             if self.cfg.scheduler.enabled:
                 tg.create_task(self._every(self.cfg.scheduler.interval_s, self.schedule_once))
             if self.cfg.batcher.enabled:
-                tg.create_task(self._every(self.cfg.batcher.interval_s, self.batch_once))
+                tg.create_task(self._every(self.cfg.batcher.interval_s, self.batch_when_ready))
 
     async def run(self) -> None:
         """Until ``stop()``; raises if any part fails (the others are stopped first)."""

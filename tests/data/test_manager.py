@@ -286,7 +286,7 @@ async def test_the_horizon_is_kept_only_once_the_projection_holds_the_log(bus: B
     seen projected."""
     from dart.data.decide import Horizon
 
-    dm = DataManager(config(), bus, store=store, blobs=blobs)
+    dm = DataManager(config(scheduler=SchedulerConfig()), bus, store=store, blobs=blobs)
     try:
         fresh = dm._horizon()
         assert fresh is not dm.horizon and fresh.open_since_ms == 0
@@ -300,5 +300,10 @@ async def test_the_horizon_is_kept_only_once_the_projection_holds_the_log(bus: B
         assert dm.horizon.open_since_ms == 9_000
         dm._move_horizon(Horizon(), 20_000, {})     # a pass on a whole read moves nothing
         assert dm.horizon.open_since_ms == 9_000
+        # the batcher skips its pass while the scheduler saw fewer complete groups than a batch takes
+        dm.batchable = dm.cfg.batcher.groups_per_batch - 1
+        assert await dm.batch_when_ready() is None and dm.batch_passes_skipped == 1
+        dm.batchable = dm.cfg.batcher.groups_per_batch
+        assert await dm.batch_when_ready() is None and dm.batch_passes_skipped == 1   # it ran: nothing there
     finally:
         dm.producer.close()

@@ -250,6 +250,7 @@ def test_a_pass_from_the_horizon_decides_what_a_whole_read_decides(store: Store)
     first = both(T0 + 60_000)
     assert first.open_since_ms == T0 + 10_000                    # the kept group holds it back
     assert first.load.ready_groups == 1 and {t.task_id: t.open_groups for t in first.tasks} == {"a": 0, "b": 1}
+    assert first.batchable == 1                                   # the kept group; not the all-success one
     # the kept group is batched: the horizon moves to the group still running
     rollouts = [tr.rollout_id for tr in kept_trajs]
     q.write_events(store, [BatchAssembled(
