@@ -203,6 +203,34 @@ def _zones(totals: bool) -> bytes:
     return xlsx(rows)
 
 
+MARKS = [["Name", "Math", "Physics", "Chemistry", "History"], ["Alice", 90, 85, 77, 68],
+         ["Bob", 72, 64, 88, 91], ["Carol", 83, 79, 95, 70]]
+"""B2:F5 of the transposition task's sheet."""
+NAMES = ["Ana", "Ben", "Ana", "Cleo", "Ben", "Dev", "Eli", "Cleo"]
+ESSAY = ["geography shapes the stories we tell", "magical realism grows where maps run out"]
+"""Lower-case paragraphs without apostrophes (str.title and Writer agree on those)."""
+FACTS = ["H2O Factsheet", "Water covers most of the planet and every cell needs it."]
+
+
+def _transpose(rows: list[list[object]]) -> list[list[object]]:
+    return [list(col) for col in zip(*rows, strict=True)]
+
+
+def _marks(*, transposed: bool) -> list[list[object]]:
+    def pad(row: list[object]) -> list[object]:
+        return [None, *row]
+
+    sheet = [[None], *[pad(r) for r in MARKS], [None], [None]]   # B2:F5, then rows 6-7 empty
+    return sheet + ([pad(r) for r in _transpose(MARKS)] if transposed else [])
+
+
+def _names(*, unique: bool) -> bytes:
+    column = list(dict.fromkeys(NAMES)) if unique else []
+    rows = [["Names with duplicates", "Unique Names"]]
+    rows += [[name, column[i] if i < len(column) else None] for i, name in enumerate(NAMES)]
+    return xlsx(rows)
+
+
 STAND_INS: dict[str, tuple[dict[str, bytes], list[Action | Focused]]] = {
     # key: (stand-in bytes by the URL's last path part, the plan)
     "libreoffice_writer/3ef2b351-8a84-4ff2-8724-d86eae9b842e": (
@@ -226,6 +254,24 @@ STAND_INS: dict[str, tuple[dict[str, bytes], list[Action | Focused]]] = {
          Hotkey(keys=("down",)), Type(content="=SUM(B2:D2)\n=SUM(B3:D3)\n=SUM(B4:D4)\n=SUM(E2:E4)\n"),
          Hotkey(keys=("up",)), Hotkey(keys=("home",)), Hotkey(keys=("right",)),
          Type(content="=SUM(B2:B4)\t=SUM(C2:C4)\t=SUM(D2:D4)\n"), Wait()]),
+    "libreoffice_calc/eb03d19a-b88d-4de4-8a64-ca0ac66f426b": (   # B2:F5 transposed at B8, typed
+        {"Students_Class_Subject_Marks.xlsx": xlsx(_marks(transposed=False)),
+         "Students_Class_Subject_Marks_gold.xlsx": xlsx(_marks(transposed=True))},
+        [Focused("LibreOffice Calc"), Hotkey(keys=("ctrl", "home")), Hotkey(keys=("right",)),
+         *[Hotkey(keys=("down",))] * 7,
+         Type(content="".join("\t".join(str(v) for v in row) + "\n" for row in _transpose(MARKS))), Wait()]),
+    "libreoffice_calc/abed40dc-063f-4598-8ba5-9fe749c0615d": (   # the first occurrences, in order
+        {"Names_Duplicate_Unique.xlsx": _names(unique=False), "Names_Duplicate_Unique_gold.xlsx": _names(unique=True)},
+        [Focused("LibreOffice Calc"), Hotkey(keys=("ctrl", "home")), Hotkey(keys=("right",)), Hotkey(keys=("down",)),
+         Type(content="".join(f"{n}\n" for n in dict.fromkeys(NAMES))), Wait()]),
+    "libreoffice_writer/e528b65e-1107-4b8c-8988-490e4fece599": (   # Format > Text > Capitalize Every Word
+        {"Geography_And_Magical_Realism.docx": docx(*ESSAY),
+         "Geography_And_Magical_Realism_Gold.docx": docx(*[p.title() for p in ESSAY])},
+        [Focused("LibreOffice Writer"), Hotkey(keys=("ctrl", "a")), Hotkey(keys=("shift", "f3")), Wait()]),
+    "libreoffice_writer/0b17a146-2934-46c7-8727-73ff6b6483e8": (   # the 2 of the first H2O, Ctrl+Shift+B
+        {"H2O_Factsheet_WA.docx": docx(*FACTS), "H2O_Factsheet_WA_Gold.docx": docx(*FACTS)},
+        [Focused("LibreOffice Writer"), Hotkey(keys=("ctrl", "home")), Hotkey(keys=("right",)),
+         Hotkey(keys=("shift", "right")), Hotkey(keys=("ctrl", "shift", "b")), Wait()]),
 }
 
 INFEASIBLE = [  # the right answer is to say so (call_user): these also prove the setup runs
