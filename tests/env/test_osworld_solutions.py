@@ -272,6 +272,10 @@ STAND_INS: dict[str, tuple[dict[str, bytes], list[Action | Focused]]] = {
         {"H2O_Factsheet_WA.docx": docx(*FACTS), "H2O_Factsheet_WA_Gold.docx": docx(*FACTS)},
         [Focused("LibreOffice Writer"), Hotkey(keys=("ctrl", "home")), Hotkey(keys=("right",)),
          Hotkey(keys=("shift", "right")), Hotkey(keys=("ctrl", "shift", "b")), Wait()]),
+    "libreoffice_writer/f178a4a9-d090-4b56-bc4c-4b72a61a035d": (   # Writer's default font, in its settings
+        {"loa-one-time-submission-sealand.docx": docx("Letter of authority", "One-time submission.")},
+        office_setting('<item oor:path="/org.openoffice.Office.Writer/DefaultFont"><prop oor:name="Standard" '
+                       'oor:op="fuse"><value>Times New Roman</value></prop></item>')),
 }
 
 INFEASIBLE = [  # the right answer is to say so (call_user): these also prove the setup runs
