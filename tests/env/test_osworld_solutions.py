@@ -231,6 +231,18 @@ def _names(*, unique: bool) -> bytes:
     return xlsx(rows)
 
 
+def _freeze(cell: str | None) -> bytes:
+    import openpyxl
+
+    book = openpyxl.Workbook()
+    for row in [["Date", "Region", "Units", "Price"], *[[f"2024-01-{d:02d}", "North", d * 3, 9.5] for d in range(1, 30)]]:
+        book.active.append(row)
+    book.active.freeze_panes = cell
+    out = io.BytesIO()
+    book.save(out)
+    return out.getvalue()
+
+
 STAND_INS: dict[str, tuple[dict[str, bytes], list[Action | Focused]]] = {
     # key: (stand-in bytes by the URL's last path part, the plan)
     "libreoffice_writer/3ef2b351-8a84-4ff2-8724-d86eae9b842e": (
@@ -272,6 +284,10 @@ STAND_INS: dict[str, tuple[dict[str, bytes], list[Action | Focused]]] = {
         {"H2O_Factsheet_WA.docx": docx(*FACTS), "H2O_Factsheet_WA_Gold.docx": docx(*FACTS)},
         [Focused("LibreOffice Writer"), Hotkey(keys=("ctrl", "home")), Hotkey(keys=("right",)),
          Hotkey(keys=("shift", "right")), Hotkey(keys=("ctrl", "shift", "b")), Wait()]),
+    "libreoffice_calc/4188d3a4-077d-46b7-9c86-23e1a036f6c1": (   # at C2: View (Alt+V) > Freeze Rows and Columns (R)
+        {"Freeze_row_column2.xlsx": _freeze(None), "Freeze_row_column2_gold.xlsx": _freeze("C2")},
+        [Focused("LibreOffice Calc"), Hotkey(keys=("ctrl", "home")), Hotkey(keys=("right",)), Hotkey(keys=("right",)),
+         Hotkey(keys=("down",)), Hotkey(keys=("alt", "v")), Wait(), Type(content="r"), Wait()]),
     "libreoffice_writer/f178a4a9-d090-4b56-bc4c-4b72a61a035d": (   # Writer's default font, in its settings
         {"loa-one-time-submission-sealand.docx": docx("Letter of authority", "One-time submission.")},
         office_setting('<item oor:path="/org.openoffice.Office.Writer/DefaultFont"><prop oor:name="Standard" '
