@@ -231,13 +231,16 @@ def _names(*, unique: bool) -> bytes:
     return xlsx(rows)
 
 
-def _freeze(cell: str | None) -> bytes:
+def _freeze(cell: str | None, *, zoom: int | None = None) -> bytes:
+    """A sales sheet, frozen at ``cell`` and shown at ``zoom`` percent if given."""
     import openpyxl
 
     book = openpyxl.Workbook()
     for row in [["Date", "Region", "Units", "Price"], *[[f"2024-01-{d:02d}", "North", d * 3, 9.5] for d in range(1, 30)]]:
         book.active.append(row)
     book.active.freeze_panes = cell
+    if zoom is not None:
+        book.active.sheet_view.zoomScale = zoom
     out = io.BytesIO()
     book.save(out)
     return out.getvalue()
@@ -288,6 +291,10 @@ STAND_INS: dict[str, tuple[dict[str, bytes], list[Action | Focused]]] = {
         {"Freeze_row_column2.xlsx": _freeze(None), "Freeze_row_column2_gold.xlsx": _freeze("C2")},
         [Focused("LibreOffice Calc"), Hotkey(keys=("ctrl", "home")), Hotkey(keys=("right",)), Hotkey(keys=("right",)),
          Hotkey(keys=("down",)), Hotkey(keys=("alt", "v")), Wait(), Type(content="r"), Wait()]),
+    "libreoffice_calc/1334ca3e-f9e3-4db8-9ca7-b4c653be7d17": (   # 300 % -> View (Alt+V) > Zoom (Z) > 200 % (2)
+        {"Zoom_Out_Oversized_Cells.xlsx": _freeze(None, zoom=300), "Zoom_Out_Oversized_Cells_gold.xlsx": _freeze(None)},
+        [Focused("LibreOffice Calc"), Hotkey(keys=("alt", "v")), Wait(), Type(content="z"), Wait(), Type(content="2"),
+         Wait()]),
     "libreoffice_writer/f178a4a9-d090-4b56-bc4c-4b72a61a035d": (   # Writer's default font, in its settings
         {"loa-one-time-submission-sealand.docx": docx("Letter of authority", "One-time submission.")},
         office_setting('<item oor:path="/org.openoffice.Office.Writer/DefaultFont"><prop oor:name="Standard" '
