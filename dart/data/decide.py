@@ -38,7 +38,8 @@ class Horizon:
 
     open_since_ms: int = 0
     """Every group requested before this time is batched or closed for good: complete and not
-    kept (all success, all fail, too small, stale), or timed out. Only requests since are read."""
+    kept (all success, too small, stale; all fail where no experience may be injected), or timed
+    out. Only requests since are read."""
     lengths: dict[str, int] = field(default_factory=dict)
     """Longest successful trajectory per task seen so far."""
     lengths_read_ms: int | None = None
@@ -91,9 +92,11 @@ def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_reque
             verdict = judge_group(g.group_id, g.task_id, g.outcomes, current_version=current, cfg=cur,
                                   min_group_size=cfg.batcher.min_group_size)
             ready += verdict.is_kept
-            # The batcher may also keep an all-fail group, with an experience-pool success in it.
-            batchable += verdict.is_kept or (verdict.reason == "all_fail" and cur.inject_experience)
-            if verdict.is_kept:
+            # The batcher may also keep an all-fail group, with an experience-pool success in it
+            # (this pass does not read the pool): such a group stays in view until batched or stale.
+            may_keep = verdict.is_kept or (verdict.reason == "all_fail" and cur.inject_experience)
+            batchable += may_keep
+            if may_keep:
                 still_open.append(g.opened_ms)
             continue
         still_open.append(g.opened_ms)

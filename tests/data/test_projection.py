@@ -227,17 +227,20 @@ def test_filtered_outcome_queries_return_what_the_whole_view_returns(store: Stor
 def test_a_pass_from_the_horizon_decides_what_a_whole_read_decides(store: Store) -> None:
     """The scheduler's later passes read only groups requested since the oldest one still open
     (or kept and not batched yet) and outcomes new since the last pass; they decide the same."""
+    import dataclasses
+
     from dart.data.config import CurationConfig, DataConfig, SchedulerConfig
     from dart.data.decide import Horizon, batch_inputs, schedule_inputs
     from dart.events import BatchAssembled
 
     cfg = DataConfig(scheduler=SchedulerConfig(capacity=16),
-                     curation=CurationConfig(min_failed_steps=0, staleness_bound=100))
+                     curation=CurationConfig(min_failed_steps=0, staleness_bound=100, inject_experience=False))
     closed, _ = group("a", [1.0, 1.0], t=T0)                     # all success: closed for good
+    failed, _ = group("a", [0.0, 0.0], t=T0 + 5_000)             # all fail, no experience to inject: closed
     kept, kept_trajs = group("a", [1.0, 0.0], t=T0 + 10_000)     # complete and kept, not batched yet
     half, half_trajs = group("b", [None, None], t=T0 + 20_000)   # requested, nothing finished yet
     half = [e for e in half if type(e).__name__ == "RolloutRequested"]
-    q.write_events(store, [task("a"), task("b"), *closed, *kept, *half])
+    q.write_events(store, [task("a"), task("b"), *closed, *failed, *kept, *half])
     horizon = Horizon()
 
     def both(now: int):  # a pass from the horizon and a whole read at the same moment
@@ -272,3 +275,8 @@ def test_a_pass_from_the_horizon_decides_what_a_whole_read_decides(store: Store)
     q.write_events(store, [request("b", "g-late", 0, 1, t=T0 + 5_000)])
     late, _ = schedule_inputs(store, cfg, now_ms=T0 + 71_000, pending_requests=set(), horizon=horizon)
     assert {t.task_id: t.open_groups for t in late.tasks}["b"] == 0
+    # where the batcher may put an experience-pool success into an all-fail group, that group
+    # stays in view (and counts as batchable) until it is batched or stale
+    pooled = dataclasses.replace(cfg, curation=dataclasses.replace(cfg.curation, inject_experience=True))
+    whole, _ = schedule_inputs(store, pooled, now_ms=T0 + 72_000, pending_requests=set())
+    assert whole.open_since_ms == T0 + 5_000 and whole.batchable == 2      # it, and the finished "b" group
