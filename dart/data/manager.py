@@ -225,8 +225,11 @@ class DataManager:
         digest = await asyncio.get_running_loop().run_in_executor(None, self.blobs.put, data)  # I/O
         rollout_ids = plan.rollout_ids
         # The log decides what was used: re-check right before emitting (another emission may
-        # have been projected since the plan was made).
-        if await self.store.run(q.batch_exists, self.store.store, manifest.batch_id, rollout_ids):
+        # have been projected since the plan was made). Only the online rollouts: an experience-
+        # pool success is replayed into every all-fail group of its task (a task with one oracle
+        # solution puts the same one in again), which is not a second use.
+        online = [o.rollout_id for v, o in plan.outcomes if o is not v.injected]
+        if await self.store.run(q.batch_exists, self.store.store, manifest.batch_id, online):
             log.warning("batch %s (or one of its rollouts) is already on the log; not emitting it", manifest.batch_id)
             return None
         versions = [s.policy_version for s in manifest.samples] or [0]

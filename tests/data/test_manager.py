@@ -243,8 +243,20 @@ async def test_experience_on_the_log_rescues_an_all_fail_group(
     cfg = config(batcher=BatcherConfig(interval_s=0.2, groups_per_batch=2),
                  curation=CurationConfig(min_failed_steps=0, entropy_top_fraction=1.0))
     dm = DataManager(cfg, bus, store=store, blobs=blobs)
-    await run_until(dm, lambda: asyncio.sleep(0, dm.batches_emitted))
-    (b,) = [d.event async for d in read_topic(bus, bus.topics.batches, idle_timeout_s=0.5)]
+
+    async def second_round() -> bool:
+        # once the first batch is in the projection, a second all-fail group of the same task
+        # arrives: the pool's only success goes into it again (a replay, not a second use)
+        await until(lambda: dm.store.run(lambda: q.table_counts(store, ["batches"])["batches"] == 1))
+        all_fail2, _ = group("hard", [0.0, 0.0, 0.0], t=now + 2)
+        mixed2, _ = group("easy", [1.0, 0.0], t=now + 3)
+        await send_all(bus, [*all_fail2, *mixed2])
+        await until(lambda: asyncio.sleep(0, dm.batches_emitted >= 2))
+        return True
+
+    await run_until(dm, second_round, timeout_s=60.0)
+    b, b2 = [d.event async for d in read_topic(bus, bus.topics.batches, idle_timeout_s=0.5)]
+    assert b2.injected == 1 and set(b.rollout_ids) & set(b2.rollout_ids) == {xp[-2].rollout_id}
     assert b.injected == 1 and b.num_trajectories == 5 and sorted(b.task_ids) == ["easy", "hard"]
     m = BatchManifest.from_bytes(blobs.get(b.manifest_digest))
     injected = [s for s in m.samples if s.origin == "experience"]
