@@ -34,6 +34,9 @@ QUERIES = {
     "trainer": """
         SELECT count(), max(policy_version), argMax(loss, step), argMax(tokens_per_s, step)
         FROM train_metrics FINAL""",
+    "served": """
+        SELECT count(), min(v) FROM (SELECT worker_id, max(version) AS v FROM weights_loaded FINAL WHERE ok
+                            GROUP BY worker_id)""",
     "staleness": """
         SELECT count(), avg(trainer_version - min_policy_version), max(trainer_version - min_policy_version)
         FROM batches FINAL""",
@@ -56,6 +59,8 @@ class Snapshot:
     batches: int = 0
     staleness_mean: float = 0.0
     staleness_max: int = 0
+    served: int = -1
+    """The oldest version a rollout worker serves (the lowest of each worker's newest load; -1: no loads seen)."""
     error: str = ""
 
 
@@ -94,6 +99,8 @@ class Progress:
         (tr,) = rows["trainer"] or [(0, 0, 0.0, 0.0)]
         snap.updates, snap.version = int(tr[0] or 0), int(tr[1] or 0)
         snap.loss, snap.tokens_per_s = float(tr[2] or 0.0), float(tr[3] or 0.0)
+        (sv,) = rows["served"] or [(0, 0)]
+        snap.served = int(sv[1] or 0) if sv[0] else -1
         (st,) = rows["staleness"] or [(0, 0.0, 0)]
         snap.batches, snap.staleness_mean, snap.staleness_max = int(st[0] or 0), float(st[1] or 0.0), int(st[2] or 0)
         return snap

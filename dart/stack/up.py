@@ -26,7 +26,7 @@ from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
 from dart.env.catalogue import task_events
 from dart.stack.config import StackConfig
 from dart.stack.osworld import osworld_pool, wait_until_serving
-from dart.stack.progress import Display, Progress, render
+from dart.stack.progress import Display, Progress, Snapshot, render
 from dart.stack.services import downloads_root, service_sections, service_specs
 from dart.stack.supervisor import Supervisor
 
@@ -331,9 +331,13 @@ def _rl_phase(cfg: StackConfig, supervisor: Supervisor, workdir: Path, *, stop_a
             stopped_by = "failure"
             say("a service failed for good: stopping (see the logs under " f"{workdir / 'logs'})")
             break
-    updates = max(snap.updates, updates_done(workdir / "checkpoints"))  # the projection may lag a beat
+    # the projection may lag a beat behind the trainer's last checkpoint
+    done, version = trainer_progress(workdir / "checkpoints")
+    if stopped_by == "updates":
+        snap = settle(progress, snap, updates=done, version=version)
+    updates = max(snap.updates, done)
     out = {"rl_s": round(time.monotonic() - t0, 1), "updates": updates, "trajectories": snap.trajectories,
-           "policy_version": snap.version, "trajectories_success": snap.successes,
+           "policy_version": max(snap.version, version), "trajectories_success": snap.successes,
            "infra_errors": snap.infra_errors, "utilisation": snap.utilisation,
            "staleness_mean": snap.staleness_mean, "by_version": snap.by_version, "broker_restores": recoveries,
            "stopped_by": stopped_by, "max_updates": cfg.max_updates}
@@ -344,16 +348,38 @@ def _rl_phase(cfg: StackConfig, supervisor: Supervisor, workdir: Path, *, stop_a
     return out
 
 
-def updates_done(checkpoint_dir: Path) -> int:
-    """Trainer updates so far: the step of its newest checkpoint (one per update, 0 = the start)."""
+def settle(progress: Progress, snap: Snapshot, *, updates: int, version: int, timeout_s: float = 30.0) -> Snapshot:
+    """After the last update: wait (a bounded while) until the projection holds it and every rollout
+    worker has loaded its weights, so the summary and the report describe the run to its end."""
+    deadline = time.monotonic() + timeout_s
+    def behind(s: Snapshot) -> bool:
+        return bool(s.error) or s.updates < updates or 0 <= s.served < version
+
+    while behind(snap) and time.monotonic() < deadline:
+        time.sleep(1.0)
+        snap = progress.snapshot()
+    if behind(snap):
+        say(f"the projection shows {snap.updates} updates and v{snap.served} served after {timeout_s:.0f} s "
+            f"(the trainer is at {updates} updates, v{version}); stopping anyway")
+    return snap
+
+
+def trainer_progress(checkpoint_dir: Path) -> tuple[int, int]:
+    """(updates applied, newest policy version) from the trainer's newest checkpoint ((0, 0) before any)."""
     from dart.train.checkpoint import latest_checkpoint as newest
     from dart.train.checkpoint import read_state
 
     found = newest(checkpoint_dir)
     try:
-        return read_state(found).step if found is not None else 0
+        state = read_state(found) if found is not None else None
     except (OSError, ValueError):
-        return 0
+        state = None
+    return (state.step, state.version) if state is not None else (0, 0)
+
+
+def updates_done(checkpoint_dir: Path) -> int:
+    """Trainer updates so far: the step of its newest checkpoint (one per update, 0 = the start)."""
+    return trainer_progress(checkpoint_dir)[0]
 
 
 def budget_note(stopped_by: str, updates: int, max_updates: int, cap_s: float) -> str:

@@ -170,3 +170,29 @@ def test_updates_done_reads_the_trainers_newest_checkpoint(tmp_path):
         commit_checkpoint(tmp_path, state, lambda d: (d / "model.safetensors").write_bytes(b"w"), keep=2)
         state = state.updated(publish=True)
     assert updates_done(tmp_path) == 2
+    from dart.stack.up import trainer_progress
+
+    assert trainer_progress(tmp_path) == (2, 2)
+
+
+def test_the_summary_waits_for_the_projection_to_show_the_last_update_and_its_load():
+    """A CI run stopped at 2 updates while the projection still showed v1: the summary said v1."""
+    from dart.stack.progress import Snapshot
+    from dart.stack.up import settle
+
+    class Lagging:  # the projection catches up one beat per read
+        def __init__(self, snaps):
+            self.snaps, self.reads = snaps, 0
+
+        def snapshot(self):
+            self.reads += 1
+            return self.snaps.pop(0)
+
+    late = Lagging([Snapshot(updates=2, version=2, served=1), Snapshot(updates=2, version=2, served=2)])
+    snap = settle(late, Snapshot(updates=1, version=1, served=1), updates=2, version=2)
+    assert (snap.updates, snap.version, snap.served, late.reads) == (2, 2, 2, 2)
+    # an engine that reports no loads (served -1) is not waited for; a projection that never
+    # catches up is given up on after the timeout
+    assert settle(Lagging([]), Snapshot(updates=2, version=2), updates=2, version=2).version == 2
+    stuck = Lagging([Snapshot(updates=1, version=1, served=1)] * 5)
+    assert settle(stuck, Snapshot(updates=1, version=1, served=1), updates=2, version=2, timeout_s=1.5).version == 1
