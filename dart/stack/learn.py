@@ -86,7 +86,8 @@ def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Traj
         return {"samples": 0.0}
     kept, dropped = prepare_samples(manifest_of(samples, update), tokenizer=policy.tokenizer,
                                     image_processor=policy.image_processor, load_image=blob_image_loader(store),
-                                    prompt_cfg=recipe.prompt, check_hash=True)
+                                    prompt_cfg=recipe.prompt, check_hash=True,
+                                    step_weight=recipe.loss.step_weight)
     if broken := [d for d in dropped if d.reason != "vision_token"]:
         raise RuntimeError(f"{len(broken)} samples dropped ({broken[0].reason}: {broken[0].detail}): the "
                            "trainer must rebuild the rollout prompts exactly")

@@ -65,6 +65,18 @@ def group_advantages(
     return torch.tensor([adv_of[rid] for rid in rollout_ids_B], dtype=torch.float32)
 
 
+def length_weights(rollout_ids_B: Sequence[str]) -> torch.Tensor:
+    """``n̄ / n_i`` for every sample: n_i the samples of its trajectory in the batch, n̄ the mean
+    over the batch's trajectories. Each trajectory's weights sum to n̄, and all of them to B."""
+    counts: dict[str, int] = {}
+    for rid in rollout_ids_B:
+        counts[rid] = counts.get(rid, 0) + 1
+    if not counts:
+        return torch.zeros(0, dtype=torch.float32)
+    mean = len(rollout_ids_B) / len(counts)
+    return torch.tensor([mean / counts[rid] for rid in rollout_ids_B], dtype=torch.float32)
+
+
 def entropy_step_mask(entropy_B_T: torch.Tensor, mask_B_T: torch.Tensor, top_frac: float) -> torch.Tensor:
     """Which samples get a loss: the ``ceil(top_frac * B)`` samples with the highest mean token
     entropy (masked: padding is never averaged in). Ties keep the earlier sample. Bool ``_B``."""

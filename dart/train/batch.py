@@ -20,7 +20,7 @@ import torch
 from dart.agent.prompt import PromptConfig, PromptInputs, build_messages, encode_prompt, prompt_hash
 from dart.errors import BlobError, DecodeError
 from dart.events.manifest import BatchManifest, Sample
-from dart.train.advantages import entropy_step_mask, group_advantages
+from dart.train.advantages import entropy_step_mask, group_advantages, length_weights
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,8 +53,9 @@ def check_arrays(sample: Sample) -> str | None:
     n = len(sample.response_token_ids)
     if n == 0:
         return "empty response"
-    if len(sample.rollout_logprobs) != n:
-        return f"{n} response tokens but {len(sample.rollout_logprobs)} rollout log-probs"
+    if sample.rollout_logprobs or sample.origin == "online":
+        if len(sample.rollout_logprobs) != n:
+            return f"{n} response tokens but {len(sample.rollout_logprobs)} rollout log-probs"
     if sample.entropies and len(sample.entropies) != n:
         return f"{n} response tokens but {len(sample.entropies)} entropies"
     if not all(math.isfinite(x) and x <= 0.0 for x in sample.rollout_logprobs):
@@ -83,17 +84,25 @@ def prepare_samples(
     prompt_cfg: PromptConfig,
     check_hash: bool = True,
     advantages: bool = True,
+    step_weight: str = "step",
 ) -> tuple[list[TrainSample], list[Dropped]]:
     """Advantages for every sample, then the prompts rebuilt; returns (kept, dropped).
 
     Advantages are computed over the whole manifest first: a trajectory's outcome belongs in
     its group's baseline even when one of its steps is dropped here. BatchError (inconsistent
     rewards) fails the whole batch. ``check_hash=False`` (SFT on foreign data) skips the check;
-    ``advantages=False`` (SFT) leaves every advantage at 0.
+    ``advantages=False`` (SFT) leaves every advantage at 0. ``step_weight="trajectory"`` scales
+    each advantage by ``n̄ / n_i`` (``LossConfig.step_weight``), counted over the manifest.
     """
     samples = manifest.samples
-    adv_B = group_advantages([s.reward for s in samples], [s.group_id for s in samples],
-                             [s.rollout_id for s in samples]).tolist() if advantages else [0.0] * len(samples)
+    if advantages:
+        rollout_ids = [s.rollout_id for s in samples]
+        adv = group_advantages([s.reward for s in samples], [s.group_id for s in samples], rollout_ids)
+        if step_weight == "trajectory":
+            adv = adv * length_weights(rollout_ids)
+        adv_B = adv.tolist()
+    else:
+        adv_B = [0.0] * len(samples)
     kept: list[TrainSample] = []
     dropped: list[Dropped] = []
     vision_ids = vision_token_ids(tokenizer)
@@ -120,7 +129,9 @@ def prepare_samples(
             continue
         kept.append(TrainSample(
             inputs=inputs, response_ids=list(sample.response_token_ids),
-            rollout_logprobs=list(sample.rollout_logprobs),
+            # experience (an oracle's, a replay's) may come without the sampler's log-probs: NaN
+            # marks them unknown, and the loss then gives those tokens an importance weight of 1
+            rollout_logprobs=list(sample.rollout_logprobs) or [math.nan] * len(sample.response_token_ids),
             entropies=list(sample.entropies) or [0.0] * len(sample.response_token_ids),
             advantage=float(adv), sft=sample.sft, rollout_id=sample.rollout_id, step_index=sample.step_index,
         ))

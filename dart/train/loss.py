@@ -6,7 +6,8 @@ response tokens (right-padded; ``mask_B_T`` is 1 on real tokens). Per token:
     ratio  r_t = exp(logπθ_t − logπ_old_t)        (GSPO: one ratio per sample)
     A      ← A · s  when A < 0                 (s = negative_scale, 1 by default)
     PPO    ℓ_t = max(−A·r_t, −A·clip(r_t, 1−ε_low, 1+ε_high)), and min(ℓ_t, −A·c) when A < 0
-    TIS    ℓ_t ← ℓ_t · min(exp(logπ_old_t − logπ_rollout_t), C)      (detached)
+    TIS    ℓ_t ← ℓ_t · min(exp(logπ_old_t − logπ_rollout_t), C)      (detached; a NaN rollout
+           log-prob means unknown, off-policy experience without the sampler's log-probs: w_t = 1)
     KL     ℓ_t += β · k3(π_ref ‖ πθ),  k3 = exp(d) − d − 1, d = logπ_ref_t − logπθ_t
     SFT    ℓ_t += λ · (−logπθ_t)        on samples flagged sft
 
@@ -54,6 +55,13 @@ class LossConfig:
     """Negative advantages are multiplied by this (1: plain GRPO; 0: only better-than-average samples
     learn). Below 1 it damps the push-down of sampled failures, which on a small model flattens
     every logit at once (entropy collapse the other way) before the successes are learned."""
+    step_weight: Literal["step", "trajectory"] = "step"
+    """How a trajectory's steps share its advantage. step: every step sample carries the whole A_i
+    (the paper's step-wise GRPO; a long trajectory weighs more). trajectory: A_i · n̄ / n_i, where
+    n_i is the trajectory's steps in the batch and n̄ the batch's mean, so every trajectory weighs
+    the same whatever its length. On multi-step tasks a failure runs to the step cap and a success
+    stops early, so with ``step`` the failures' right steps are pushed down more than the successes'
+    same steps are pushed up."""
     entropy_top_frac: float = 1.0
     """Entropy step mask: keep only this fraction of the batch's samples, those with the highest
     mean rollout token entropy; the others get no loss. 1.0 keeps every sample."""
@@ -68,6 +76,8 @@ class LossConfig:
         require(self.sft_coef >= 0.0, "loss.sft_coef", f"must be >= 0, got {self.sft_coef}")
         require(0.0 <= self.negative_scale <= 1.0, "loss.negative_scale",
                 f"must be in [0, 1], got {self.negative_scale}")
+        require(self.step_weight in ("step", "trajectory"), "loss.step_weight",
+                f"must be 'step' or 'trajectory', got {self.step_weight!r}")
         require(0.0 < self.entropy_top_frac <= 1.0, "loss.entropy_top_frac",
                 f"must be in (0, 1], got {self.entropy_top_frac}")
 
@@ -192,6 +202,7 @@ def policy_loss(
     den = max(den, 1.0)
     mask_B_T = mask_B_T.to(logp_B_T.dtype) * sel_B[:, None]  # unselected samples: no token counts
     old_logp_B_T, rollout_logp_B_T = old_logp_B_T.detach(), rollout_logp_B_T.detach()
+    rollout_logp_B_T = torch.where(torch.isnan(rollout_logp_B_T), old_logp_B_T, rollout_logp_B_T)
     adv_B = adv_B.to(logp_B_T)
     if cfg.negative_scale != 1.0:
         adv_B = torch.where(adv_B < 0, adv_B * cfg.negative_scale, adv_B)

@@ -96,7 +96,7 @@ class Trainer:
         start = time.perf_counter()
         samples, dropped = prepare_samples(manifest, tokenizer=self.tokenizer,
                                            image_processor=self.image_processor, load_image=self.load_image,
-                                           prompt_cfg=self.cfg.prompt)
+                                           prompt_cfg=self.cfg.prompt, step_weight=self.cfg.loss.step_weight)
         for d in dropped:
             log.warning("batch %s: dropped step %d of %s (%s: %s)", manifest.batch_id, d.step_index,
                         d.rollout_id, d.reason, d.detail)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dart.train.advantages import BatchError, entropy_step_mask, group_advantages
+from dart.train.advantages import BatchError, entropy_step_mask, group_advantages, length_weights
 
 
 def test_group_statistics_are_over_trajectories_not_step_samples() -> None:
@@ -34,6 +34,22 @@ def test_groups_are_normalised_separately_and_broadcast_to_every_step() -> None:
     assert adv[0:2] == pytest.approx([1 / (s + 1e-6), -1 / (s + 1e-6)], rel=1e-6)
     assert adv[2:4] == [0.0, 0.0]  # all-equal group: no signal
     assert adv[4:7] == pytest.approx([-1 / (s + 1e-6), 1 / (s + 1e-6), 1 / (s + 1e-6)], rel=1e-6)
+
+
+def test_length_weights_give_every_trajectory_the_same_total_weight() -> None:
+    # A success of 2 steps and a failure of 6 (it ran to the step cap): 8 samples, 2 trajectories,
+    # mean length 4. Weights 4/2 = 2 on the success's steps, 4/6 = 2/3 on the failure's.
+    rollouts = ["s", "s", "f", "f", "f", "f", "f", "f"]
+    w = length_weights(rollouts).tolist()
+    assert w == pytest.approx([2.0, 2.0] + [2 / 3] * 6)
+    assert sum(w[:2]) == pytest.approx(sum(w[2:])) and sum(w) == pytest.approx(8.0)
+    # With A = ±1/(√2 + ε), the step weighting sums +2·A on the success and −6·A on the failure;
+    # the trajectory weighting sums +4·A and −4·A: balanced, as the group's baseline is.
+    adv = group_advantages([1.0] * 2 + [0.0] * 6, ["g"] * 8, rollouts)
+    weighted = adv * length_weights(rollouts)
+    assert float(weighted[:2].sum()) == pytest.approx(-float(weighted[2:].sum()))
+    assert float(adv[:2].sum()) == pytest.approx(-float(adv[2:].sum()) / 3)
+    assert length_weights([]).tolist() == []
 
 
 def test_a_group_of_one_trajectory_has_no_baseline_and_gets_zero() -> None:

@@ -78,6 +78,22 @@ def test_truncated_importance_weights_by_hand() -> None:
         assert float(got) == pytest.approx(-w)
 
 
+def test_unknown_rollout_log_probs_get_importance_weight_one() -> None:
+    """Experience without the sampler's log-probs (an oracle's) is NaN there: w = 1, no NaN loss.
+    Before, the trainer dropped such samples as ragged, so an injected success never trained and
+    its all-fail group pushed only down."""
+    cfg = LossConfig(kl_coef=0.0, sft_coef=0.0)
+    old = torch.tensor([[L(0.25), L(0.5)], [L(0.25), L(0.5)]])
+    rollout = torch.tensor([[math.nan, math.nan], [L(0.5), L(0.25)]])
+    logp = old.clone().requires_grad_(True)
+    loss, stats = policy_loss(logp, old, rollout, torch.tensor([1.0, 1.0]), torch.ones(2, 2), cfg)
+    # sample 0: weights 1, 1 -> -1; sample 1: weights 0.5, 1 -> -0.75; mean over 2 samples
+    assert float(loss.detach()) == pytest.approx((-1.0 - 0.75) / 2)
+    loss.backward()
+    assert torch.isfinite(logp.grad).all()
+    assert stats.means()["tis/mean"] == pytest.approx((1 + 1 + 0.5 + 1) / 4)
+
+
 def test_k3_kl_to_the_reference_by_hand() -> None:
     assert float(k3(torch.tensor(math.log(2.0)))) == pytest.approx(2 - math.log(2) - 1)
     assert float(k3(torch.tensor(0.0))) == 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,34 @@ def test_micro_batches_spread_each_group_over_many_micro_batches(batch, store, t
     assert all(len(g) >= 2 for g in groups), groups  # no micro-batch is one group
     again = micro_batches(same_length, torch.ones(16, dtype=torch.bool), size=4, pad_id=tiny_policy.pad_token_id)
     assert [p.adv_B.tolist() for p in again] == [p.adv_B.tolist() for p in parts]  # deterministic
+
+
+def test_the_trainer_weighs_steps_by_trajectory_length_when_asked(tiny_dir, store, batch, tmp_path) -> None:
+    # Drop one step of the first trajectory: 11 samples, 6 trajectories, mean length 11/6.
+    first = batch.samples[0].rollout_id
+    short = dataclasses.replace(batch, samples=[s for i, s in enumerate(batch.samples) if i != 1])
+    assert sum(s.rollout_id == first for s in short.samples) == 1
+    plain = Trainer(config(tiny_dir, store, tmp_path / "a"), store).prepare(short).adv_B
+    weighted = Trainer(config(tiny_dir, store, tmp_path / "b", loss=LossConfig(step_weight="trajectory")),
+                       store).prepare(short).adv_B
+    n_bar = 11 / 6
+    expected = [a * (n_bar / (1 if s.rollout_id == first else 2)) for a, s in zip(plain.tolist(), short.samples)]
+    assert weighted.tolist() == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(Exception, match="loss.step_weight"):
+        LossConfig(step_weight="token")
+
+
+def test_experience_without_rollout_log_probs_is_trained_and_online_steps_without_them_are_not(
+        tiny_dir, store, batch, tmp_path) -> None:
+    """The data manager injects oracle successes with no sampler log-probs into all-fail groups:
+    the trainer keeps them (importance weight 1), while an online step without them is ragged."""
+    first = batch.samples[0].rollout_id
+    samples = [dataclasses.replace(s, rollout_logprobs=[], origin="oracle", sft=True) if s.rollout_id == first
+               else s for s in batch.samples]
+    samples[-1] = dataclasses.replace(samples[-1], rollout_logprobs=[])
+    trainer = Trainer(config(tiny_dir, store, tmp_path / "c"), store)
+    prepared = trainer.prepare(dataclasses.replace(batch, samples=samples))
+    assert [(d.rollout_id, d.reason) for d in prepared.dropped] == [(samples[-1].rollout_id, "ragged")]
+    assert sum(b.adv_B.numel() for b in prepared.batches) == len(samples) - 1
+    report = trainer.update(prepared)
+    assert report is not None and math.isfinite(report.metrics["loss/total"])
