@@ -53,9 +53,9 @@ def check_arrays(sample: Sample) -> str | None:
     n = len(sample.response_token_ids)
     if n == 0:
         return "empty response"
-    if sample.rollout_logprobs or sample.origin == "online":
-        if len(sample.rollout_logprobs) != n:
-            return f"{n} response tokens but {len(sample.rollout_logprobs)} rollout log-probs"
+    # experience may come without the sampler's log-probs (all or none); online steps never do
+    if (sample.rollout_logprobs or sample.origin == "online") and len(sample.rollout_logprobs) != n:
+        return f"{n} response tokens but {len(sample.rollout_logprobs)} rollout log-probs"
     if sample.entropies and len(sample.entropies) != n:
         return f"{n} response tokens but {len(sample.entropies)} entropies"
     if not all(math.isfinite(x) and x <= 0.0 for x in sample.rollout_logprobs):

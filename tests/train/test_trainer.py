@@ -209,9 +209,9 @@ def test_the_trainer_weighs_steps_by_trajectory_length_when_asked(tiny_dir, stor
     weighted = Trainer(config(tiny_dir, store, tmp_path / "b", loss=LossConfig(step_weight="trajectory")),
                        store).prepare(short).adv_B
     n_bar = 11 / 6
-    expected = [a * (n_bar / (1 if s.rollout_id == first else 2)) for a, s in zip(plain.tolist(), short.samples)]
+    expected = [a * (n_bar / (1 if s.rollout_id == first else 2)) for a, s in zip(plain.tolist(), short.samples, strict=True)]
     assert weighted.tolist() == pytest.approx(expected, rel=1e-6)
-    with pytest.raises(Exception, match="loss.step_weight"):
+    with pytest.raises(Exception, match=r"loss\.step_weight"):
         LossConfig(step_weight="token")
 
 
