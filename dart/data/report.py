@@ -59,10 +59,12 @@ LEARNING = """
 SELECT m.step, m.policy_version, toUnixTimestamp(m.event_time) AS t, m.entropy, m.clip_frac,
        m.metrics['clip/high_frac'], m.metrics['clip/low_frac'], m.metrics['ratio/abs_dev'],
        m.metrics['ratio/max'], m.metrics['tis/capped_frac'], m.logprob_mismatch, m.grad_norm,
-       m.num_samples, b.trainer_version - b.min_policy_version, b.trainer_version - b.max_policy_version
+       m.num_samples, b.trainer_version - b.min_policy_version, b.trainer_version - b.max_policy_version,
+       m.metrics['samples/dropped_prompt_hash'] + m.metrics['samples/dropped_unreadable']
+         + m.metrics['samples/dropped_ragged'] + m.metrics['samples/dropped_vision_token'], b.injected
 FROM (SELECT * FROM train_metrics FINAL) AS m
 LEFT JOIN (SELECT batch_id, any(trainer_version) AS trainer_version, any(min_policy_version) AS min_policy_version,
-                  any(max_policy_version) AS max_policy_version
+                  any(max_policy_version) AS max_policy_version, any(injected) AS injected
            FROM batches FINAL GROUP BY batch_id) AS b USING batch_id
 ORDER BY m.step"""
 
@@ -97,6 +99,10 @@ class UpdateRow:
     samples: int
     staleness_max: int
     staleness_min: int
+    dropped: int = 0
+    """Samples of the batch the trainer could not train on (a prompt that differs, ragged arrays, ...)."""
+    injected: int = 0
+    """Experience-pool successes the data manager put into all-fail groups of the batch."""
 
 
 @dataclass
@@ -129,7 +135,8 @@ class Report:
         out += [f"  update {u.step:>4} -> v{u.version:<4} entropy {u.entropy:6.3f}  clip {u.clip_frac:6.2%} "
                 f"(high {u.clip_high:5.2%} low {u.clip_low:5.2%})  |ratio-1| {u.ratio_abs_dev:6.4f} max "
                 f"{u.ratio_max:6.2f}  tis capped {u.tis_capped:5.2%}  mismatch {u.mismatch:6.4f}  grad "
-                f"{u.grad_norm:6.3f}  samples {u.samples:>5}  staleness {u.staleness_min}-{u.staleness_max}"
+                f"{u.grad_norm:6.3f}  samples {u.samples:>5} (dropped {u.dropped}, injected groups {u.injected})  "
+                f"staleness {u.staleness_min}-{u.staleness_max}"
                 for u in self.updates] or ["  (none)"]
         out.append("== task difficulty (hardest first)")
         out += [f"  {t:<40} {n:>6} runs  success {r:6.1%}  mean steps {s:5.1f}  infra errors {e}"
@@ -157,7 +164,8 @@ def build_report(query: Query) -> Report:
         staleness=[(int(lag), int(n)) for lag, n in query(STALENESS)],
         success_by_time=[(int(t), int(n), float(r)) for t, n, r in query(SUCCESS_BY_TIME)],
         updates=[UpdateRow(int(r[0]), int(r[1]), int(r[2]), *(float(x or 0.0) for x in r[3:12]), int(r[12]),
-                           int(r[13] or 0), int(r[14] or 0)) for r in query(LEARNING)],
+                           int(r[13] or 0), int(r[14] or 0), int(r[15] or 0), int(r[16] or 0))
+                 for r in query(LEARNING)],
         groups=[(int(v), int(g), int(s), int(f)) for v, g, s, f in query(GROUPS)],
     )
 

@@ -116,14 +116,15 @@ def test_report_on_a_crafted_history(store: Store, chdb_path, tmp_path) -> None:
     batch = BatchAssembled(event_id="b", event_time=T0, run_id="r", producer="dm", batch_id="b1", seq=0,
                            manifest_digest="d", manifest_bytes=1, num_samples=8, num_groups=2, num_trajectories=2,
                            rollout_ids=[t1[0].rollout_id, t2[0].rollout_id], task_ids=["easy", "hard"],
-                           min_policy_version=2, max_policy_version=3, trainer_version=4)
+                           min_policy_version=2, max_policy_version=3, trainer_version=4, injected=1)
     beats = [heartbeat("env-1", 4, t=T0), heartbeat("env-1", 4, t=T0 + 10_000), heartbeat("roll-1", 1, t=T0, role="rollout")]
     step = TrainStepCompleted(event_id="s", event_time=T0, run_id="r", producer="trainer", step=1, policy_version=4,
                               batch_id="b1", loss=-0.1, kl=0.0, entropy=0.5, clip_frac=0.1, tis_mean=0.9,
                               logprob_mismatch=0.01, grad_norm=0.2, num_samples=8, num_tokens=80, duration_s=1.0,
                               tokens_per_s=80.0, metrics={"clip/high_frac": 0.06, "clip/low_frac": 0.04,
                                                           "ratio/abs_dev": 0.02, "ratio/max": 1.3,
-                                                          "tis/capped_frac": 0.25})
+                                                          "tis/capped_frac": 0.25, "samples/dropped_ragged": 3,
+                                                          "samples/dropped_prompt_hash": 1})
     q.write_events(store, [*e1, *e2, batch, step, *beats])
     client = clickhouse_connect.get_client(dsn=f"chdb://{chdb_path}", database=store.database)
     report = build_report(lambda sql: client.query(sql).result_rows)
@@ -139,6 +140,9 @@ def test_report_on_a_crafted_history(store: Store, chdb_path, tmp_path) -> None:
     assert (u.step, u.version, u.entropy, u.clip_high, u.clip_low, u.ratio_abs_dev, u.tis_capped) == (
         1, 4, 0.5, 0.06, 0.04, 0.02, 0.25)
     assert (u.staleness_max, u.staleness_min) == (2, 1)   # trainer v4 on samples of v2..v3
+    # samples the trainer could not use are in plain sight (an oracle injection dropped as ragged
+    # went unseen for a whole run before)
+    assert (u.dropped, u.injected) == (4, 1) and "(dropped 4, injected groups 1)" in text
     assert "zero advantage   0.0%" in text and "update    1 -> v4" in text
     assert sum(n for _, n, _ in report.success_by_time) == 8
     assert {p.name for p in write_plots(report, tmp_path)} == {
