@@ -264,6 +264,16 @@ def query_latencies(store: Store, steps: int) -> list[tuple[str, float]]:
         horizon = Horizon(open_since_ms=since, lengths_read_ms=now)
         schedule_inputs(store, cfg, now_ms=now, pending_requests=set(), horizon=horizon)
 
+    # what a data manager saves every 30 s, and what the next one starts from
+    kept = Horizon(open_since_ms=since)
+    schedule_inputs(store, cfg, now_ms=now, pending_requests=set(), horizon=kept)
+    kept.save(store, now_ms=now)
+
+    def restarted_pass() -> None:
+        restored = Horizon.load(store)
+        assert restored is not None
+        schedule_inputs(store, cfg, now_ms=now, pending_requests=set(), horizon=restored)
+
     return [
         ("success-rate window (recent_outcomes)", timed(lambda: q.recent_outcomes(
             store, mode="train", oldest_version=oldest, window=32))),
@@ -280,6 +290,7 @@ def query_latencies(store: Store, steps: int) -> list[tuple[str, float]]:
         ("scheduler pass, first after a start", timed(lambda: schedule_inputs(
             store, cfg, now_ms=now, pending_requests=set()))),
         ("scheduler pass, later (from the horizon)", timed(steady_pass)),
+        ("scheduler pass, first after a restart", timed(restarted_pass)),
         ("batcher pass, first after a start", timed(lambda: batch_inputs(store, cfg))),
         ("batcher pass, later (from the horizon)", timed(lambda: batch_inputs(store, cfg, since_ms=since))),
     ]

@@ -6,8 +6,9 @@ that decides is in ``curation``, ``scheduler`` and ``batcher``; this module only
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from dart.data import projection as q
 from dart.data.config import DataConfig
@@ -28,6 +29,9 @@ LATE_MS = 300_000
 count in ``Horizon.lengths``: rows are read again from this far back on every pass."""
 
 
+HORIZON_KEY = "horizon"
+
+
 @dataclass(slots=True)
 class Horizon:
     """What the data manager carries from one pass to the next, so that a pass reads what is new
@@ -44,6 +48,29 @@ class Horizon:
     """Longest successful trajectory per task seen so far."""
     lengths_read_ms: int | None = None
     """When ``lengths`` was last brought up to date (None: never: read the whole run)."""
+
+    def copy(self) -> Horizon:
+        return Horizon(self.open_since_ms, dict(self.lengths), self.lengths_read_ms)
+
+    def save(self, store: Store, *, now_ms: int) -> None:
+        """Keep it in the store (``manager_state``), so a restarted data manager starts from it.
+
+        Any horizon once valid stays valid for the same store: the projection it was computed
+        from is durable and only grows, and an older one only makes a pass read more."""
+        store.insert_rows("manager_state", [{"key": HORIZON_KEY, "saved_ms": now_ms,
+                                             "state": json.dumps(asdict(self), sort_keys=True)}])
+
+    @staticmethod
+    def load(store: Store) -> Horizon | None:
+        """The newest saved horizon of this store, or None (a new or rebuilt store)."""
+        rows = store.query(f"SELECT argMax(state, saved_ms) FROM {store.database}.manager_state "
+                           "WHERE key = {k:String} HAVING count() > 0", {"k": HORIZON_KEY})
+        if not rows:
+            return None
+        body = json.loads(rows[0][0])
+        return Horizon(open_since_ms=int(body["open_since_ms"]),
+                       lengths={str(k): int(v) for k, v in body["lengths"].items()},
+                       lengths_read_ms=None if body["lengths_read_ms"] is None else int(body["lengths_read_ms"]))
 
     def success_lengths(self, store: Store, *, threshold: float, now_ms: int) -> dict[str, list[int]]:
         since = None if self.lengths_read_ms is None else self.lengths_read_ms - LATE_MS

@@ -41,10 +41,17 @@ CATCH_UP_MAX_S = 120.0
 # On stop: keep projecting until nothing new arrived for DRAIN_IDLE_S (at most DRAIN_MAX_S).
 DRAIN_IDLE_S = 1.5
 DRAIN_MAX_S = 20.0
+HORIZON_SAVE_MS = 30_000
+"""How often the curation horizon is written to the store (any saved one stays valid; a newer one
+makes a restart's first pass read less)."""
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _clock(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) if ms else "the start"
 
 
 class DataManager:
@@ -70,6 +77,10 @@ class DataManager:
         self._pending_requests: dict[str, int] = {}
         # What earlier passes learned: later passes read only open groups and new outcomes.
         self.horizon = Horizon()
+        # The horizon the store kept from an earlier process (None: a new or rebuilt store); saved
+        # every HORIZON_SAVE_MS, so the first pass after a restart does not read the whole run.
+        self._restored: Horizon | None = None
+        self._horizon_saved_ms = 0
         # Batches this process emitted (the log scan at start covers earlier processes).
         self._used: set[str] = set()
         self._last_seq = -1
@@ -115,6 +126,7 @@ class DataManager:
             lambda: schedule_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(pending),
                                     horizon=horizon))
         self._move_horizon(horizon, inputs.open_since_ms, pending)
+        await self._save_horizon(at)
         for rid in known:
             self._pending_requests.pop(rid, None)
         plan = plan_requests(inputs.tasks, inputs.load, inputs.retries, sched=self.cfg.scheduler,
@@ -129,9 +141,27 @@ class DataManager:
 
     def _horizon(self) -> Horizon:
         """The horizon a pass may use: the kept one once the projection holds the whole log up to
-        where it stood when the consumer joined (before that, rows with old time stamps may still
-        arrive: every pass reads the whole run)."""
-        return self.horizon if self.consumer.reached_end.is_set() else Horizon()
+        where it stood when the consumer joined. Before that, rows with old time stamps may still
+        arrive: a pass reads from the horizon an earlier process saved in the store (valid: it was
+        computed from rows the store still holds), on a copy it does not move, or else the whole run."""
+        if self.consumer.reached_end.is_set():
+            return self.horizon
+        return self._restored.copy() if self._restored is not None else Horizon()
+
+    async def _save_horizon(self, at_ms: int) -> None:
+        if not self.consumer.reached_end.is_set() or at_ms - self._horizon_saved_ms < HORIZON_SAVE_MS:
+            return
+        self._horizon_saved_ms = at_ms
+        state = self.horizon.copy()
+        await self.store.run(lambda: state.save(self.store.store, now_ms=at_ms))
+
+    async def restore_horizon(self) -> None:
+        """Take up the horizon the store kept (run once, after the migrations)."""
+        self._restored = await self.store.run(Horizon.load, self.store.store)
+        if self._restored is not None:
+            self.horizon = self._restored.copy()
+            log.info("curation horizon restored from the store: groups requested since %s, longest "
+                     "successes of %d tasks", _clock(self._restored.open_since_ms), len(self._restored.lengths))
 
     def _move_horizon(self, used: Horizon, open_since_ms: int, pending: dict[str, int]) -> None:
         """Later passes read groups requested since the oldest one still open, or since the
@@ -165,6 +195,7 @@ class DataManager:
             lambda: round_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(pending),
                                  horizon=horizon))
         self._move_horizon(horizon, open_since, pending)
+        await self._save_horizon(at)
         for rid in known:
             self._pending_requests.pop(rid, None)
         plan = plan_round(state, tasks, groups_per_batch=self.cfg.batcher.groups_per_batch, cur=self.cfg.curation,
@@ -293,6 +324,7 @@ class DataManager:
     async def run(self) -> None:
         """Until ``stop()``; raises if any part fails (the others are stopped first)."""
         await self.store.run(self.store.store.migrate)
+        await self.restore_horizon()
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._serve_sql())

@@ -128,6 +128,15 @@ V2_VIEWS = (
 )
 
 
+# Derived state of the data manager, not events: a cache that makes its first pass after a restart
+# as cheap as a later one. A store rebuilt from the log has none (and reads the whole run once);
+# `dart replay` compares the event tables only.
+V3_STATE = (
+    "CREATE TABLE IF NOT EXISTS {db}.manager_state (key String, saved_ms Int64, state String)"
+    " ENGINE = ReplacingMergeTree(saved_ms) ORDER BY key",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     version: int
@@ -138,6 +147,7 @@ class Migration:
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "event tables", V1_TABLES),
     Migration(2, "views: trajectory_rewards, steps", V2_VIEWS),
+    Migration(3, "data manager state: the curation horizon", V3_STATE),
 )
 
 SCHEMA_VERSION_DDL = (
