@@ -1,0 +1,69 @@
+"""Did a run's policy learn, or did its task mix change? Warm start vs final policy, on the
+run's training and held-out tasks, greedy and sampled.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/policy_gap.py runs/learning/chain-fix/full-s0 --episodes 60
+
+The stack's "success by policy version" is over the tasks the scheduler chose at each version,
+and the scheduler moves to tasks it can still learn from: a rising curve there can be a changing
+task mix. This evaluates both policies on fixed task sets (the recipe's training and held-out
+tasks, cycled) at temperature 0 (the held-out number of `dart up`) and 1 (how rollouts sample),
+so the four numbers per policy compare like with like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dart.agent.model import load_policy  # noqa: E402
+from dart.agent.weights import check_state_dict, state_dict_from_bytes  # noqa: E402
+from dart.blobs import LocalBlobStore  # noqa: E402
+from dart.config import build  # noqa: E402
+from dart.stack.config import StackConfig  # noqa: E402
+from dart.stack.episodes import evaluate  # noqa: E402
+from dart.stack.recipe import make_tasks  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path, help="a finished `dart up` run directory (stack.yaml, summary.json)")
+    ap.add_argument("--episodes", type=int, default=60, help="episodes per number")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    cfg = build(StackConfig, yaml.safe_load((args.run / "stack.yaml").read_text()))
+    summary = json.loads((args.run / "summary.json").read_text())
+    train, held_out = make_tasks(cfg.recipe)
+    store = LocalBlobStore(args.run / "blobs")
+    rows = []
+    for label, checkpoint in (("warm start", None), ("final", summary.get("final_checkpoint"))):
+        policy = load_policy(summary["warm_model"])
+        if checkpoint:
+            state = state_dict_from_bytes((Path(checkpoint) / "model.safetensors").read_bytes())
+            check_state_dict(policy.model, state)
+            policy.model.load_state_dict(state)
+        cells = []
+        for tasks in (train, held_out):
+            for temperature in (0.0, 1.0):
+                recipe = dataclasses.replace(cfg.recipe, eval_temperature=temperature)
+                cells.append(evaluate(policy, tasks, args.episodes, store=store, recipe=recipe, phase=99))
+                print(f"[policy_gap] {label}: {len(cells)} of 4", file=sys.stderr, flush=True)
+        rows.append((label, cells))
+    print(f"{args.run}: {args.episodes} episodes per number")
+    print("| policy | train, greedy | train, T=1 | held-out, greedy | held-out, T=1 |")
+    print("|---|---|---|---|---|")
+    for label, cells in rows:
+        print(f"| {label} | " + " | ".join(f"{c:.1%}" for c in cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
