@@ -15,8 +15,10 @@ config's ``rl_minutes`` as a cap, so a busier machine gives the same number of u
 Runs go to ``--out`` (default ``runs/learning``), one directory per variant and seed; a run
 whose ``summary.json`` exists is not run again (so a long sweep can be resumed). Within a seed,
 every variant starts RL from the same warm start (the first variant's SFT). After each run the
-published weight versions are evaluated at ``--curve-points`` moments (``--curve-episodes``
-held-out episodes each) for the held-out-success-vs-wall-clock curve. Output: a markdown
+published weight versions are evaluated at ``--curve-points`` moments for the
+held-out-success-vs-wall-clock curve, on the same held-out episodes as the warm start and the
+final policy (``recipe.eval_episodes``: episodes cycle through the held-out tasks, so fewer
+episodes would be another, easier or harder, subset of tasks). Output: a markdown
 table (mean +- spread of the held-out gain per variant) and a PNG, in ``--out`` and in
 ``benchmarks/results/`` (``learning_<name>.md|png|json``).
 
@@ -212,7 +214,9 @@ def main() -> int:
     p.add_argument("--stress", action="store_true", help="a CPU-heavy process on one core beside every run")
     p.add_argument("--max-updates", type=int, help="override the config's update budget")
     p.add_argument("--curve-points", type=int, default=4, help="evaluated moments per run (warm start included)")
-    p.add_argument("--curve-episodes", type=int, default=100, help="held-out episodes per intermediate point")
+    p.add_argument("--curve-episodes", type=int,
+                   help="held-out episodes per intermediate point (default: the recipe's eval_episodes, the "
+                        "same tasks as the end points; fewer is faster but another subset of tasks)")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "learning")
     p.add_argument("--warm-from", type=Path,
                    help="start seed N from the warm start in DIR/full-sN/warm where an earlier run left one "
@@ -246,7 +250,7 @@ def main() -> int:
                 summary = run_one(config, workdir, stress=args.stress, log=workdir.with_suffix(".log"))
             if "curve" not in summary:
                 summary["curve"] = curve(workdir, build(StackConfig, config), summary, points=args.curve_points,
-                                         episodes=args.curve_episodes)
+                                         episodes=args.curve_episodes or build(StackConfig, config).recipe.eval_episodes)
                 summary_path.write_text(json.dumps(summary, indent=2))
             summary["seed"] = seed
             warm = warm or summary["warm_model"]
