@@ -440,5 +440,21 @@ async def test_infeasible_tasks_score_one_only_when_declared(desktop, key):
 async def test_local_app_task_solved_by_its_plan(desktop, task_id):
     """The shipped Writer, Impress, GIMP and browser-to-Calc tasks (their files ship with dart)."""
     task = next(t for t in local_tasks() if t.id == task_id)
-    score, details = await play_twice(desktop, task, oracle_plan(task_id))
+    score, details = await play_twice(desktop, task, with_focus_waits(task_id, oracle_plan(task_id)))
     assert score == 1.0, (task_id, details)
+
+
+FOCUS_BEFORE = {"xdesktop-chrome-to-calc-invoice": {1: "Invoice 17", 5: "budget"}}
+"""Windows a local plan's keys are meant for, by the index of the first key meant for each: the
+scripted plans wait fixed times, and on a loaded machine keys can reach a window before the one
+they are meant for has the focus."""
+
+
+def with_focus_waits(task_id: str, plan: list[Action]) -> list[Action | Focused]:
+    marks = FOCUS_BEFORE.get(task_id, {})
+    out: list[Action | Focused] = []
+    for i, action in enumerate(plan):
+        if i in marks:
+            out.append(Focused(marks[i]))
+        out.append(action)
+    return out
