@@ -104,7 +104,7 @@ class Episode:
             rollout_id=self.rollout_id, request_id=req.request_id, task_id=req.task_id, group_id=req.group_id,
             step_index=self.num_steps, instruction=self.task.instruction, screenshot_digest=digest,
             screen_width=obs.width, screen_height=obs.height, history=list(self.history), reply=inbox.route,
-            sampling=req.sampling, max_steps=req.max_steps, mode=req.mode, env_worker=self.worker_id,
+            sampling=req.sampling.at_step(self.num_steps), max_steps=req.max_steps, mode=req.mode, env_worker=self.worker_id,
             slot=self.slot,
         )
         inbox.expect(event.event_id)  # before sending: an answer can beat our own ack

@@ -9,9 +9,10 @@ and ``event_time``.
 from __future__ import annotations
 
 import array
+import hashlib
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, ClassVar, Self
 
@@ -61,6 +62,22 @@ class Sampling:
     seed: int
     """Per-request seed; never one fixed seed for every request."""
     frequency_penalty: float = 0.0
+
+    def at_step(self, step_index: int) -> Sampling:
+        """The sampling of turn ``step_index`` of this request's trajectory: the same settings
+        with a seed of the turn's own (:func:`step_seed`)."""
+        return replace(self, seed=step_seed(self.seed, step_index))
+
+
+def step_seed(seed: int, step_index: int) -> int:
+    """A 31-bit seed for turn ``step_index`` of a trajectory sampled under ``seed``.
+
+    Every turn needs its own: with one seed for all of them, an engine that seeds a generator per
+    request draws the same random numbers at every turn, and a trajectory becomes one draw
+    repeated (a rollout that takes the likeliest answer at its first turn takes it at every turn),
+    not a sample of the policy. Deterministic, so a replayed run draws the same numbers."""
+    digest = hashlib.blake2b(f"{seed}:{step_index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -68,6 +68,11 @@ async def test_worker_solves_synthetic_tasks_with_reward_one(bus, blobs, kit):
     assert all(blobs.exists(o.screenshot_digest) for o in oracle.observations)
     assert [h.step_index for h in max(multi, key=lambda o: o.step_index).history] == list(
         range(max(o.step_index for o in multi)))
+    # every turn samples under a seed of its own, drawn from the request's: with the request's seed
+    # at every turn, a seeded engine repeats the same random draws and a trajectory is one draw
+    assert all(o.sampling == kit.SAMPLING.at_step(o.step_index) for o in oracle.observations)
+    longest = [o.sampling.seed for o in oracle.observations if o.rollout_id == max(multi, key=lambda o: o.step_index).rollout_id]
+    assert len(longest) == len(set(longest)) >= 2
     hb = [h for h in heartbeats if h.worker_id == "env-a"]
     assert hb and hb[-1].slots == 3 and hb[-1].role == "env"
     assert max(h.busy_s for h in hb) > 0

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import threading
 
@@ -94,6 +95,25 @@ async def test_same_seed_same_tokens_alone_or_batched(policy, store):
         await engine.close()
     assert alone.token_ids == batched[0].token_ids
     assert batched[0].token_ids != batched[1].token_ids
+
+
+async def test_each_turn_of_a_trajectory_draws_its_own_random_numbers(policy, store):
+    """The env worker asks each turn under ``Sampling.at_step``: one seed for every turn would make
+    an engine repeat its draws, so a trajectory would be one sample repeated, not one per turn."""
+    base = request(store, seed=11)
+    engine = HFEngine(policy, HFEngineConfig(max_batch_size=4))
+    try:
+        one_seed = [await engine.generate(base) for _ in range(3)]
+        per_turn = [await engine.generate(dataclasses.replace(base, sampling=base.sampling.at_step(i)))
+                    for i in range(3)]
+    finally:
+        await engine.close()
+    assert len({tuple(g.token_ids) for g in one_seed}) == 1
+    assert len({tuple(g.token_ids) for g in per_turn}) == 3
+    seeds = [base.sampling.at_step(i).seed for i in range(1000)]
+    assert len(set(seeds)) == 1000 and all(0 <= s < 2**31 for s in seeds)
+    assert seeds[:3] == [base.sampling.at_step(i).seed for i in range(3)]  # a replay draws the same
+    assert Sampling(temperature=1.0, top_p=1.0, max_new_tokens=1, seed=12).at_step(0).seed != seeds[0]
 
 
 async def test_bad_prompt_fails_its_request_only(policy, store):
