@@ -79,6 +79,23 @@ FROM (SELECT group_id, max(max_policy_version) AS version, min(reward >= 0.5) AS
       GROUP BY group_id HAVING n >= 2)
 GROUP BY version ORDER BY version"""
 
+# Tasks that share an instruction (a synthetic preset's "Click the red button on each page.", one
+# OSWorld instruction in many setups): success and share of the run's trajectories in the first
+# and the second half of its policy versions. A policy with a habit (always the red button) shows
+# as one instruction at 100 % and the rest near 0, and a rising "success per version" that is
+# the scheduler moving to the easy instruction shows as its share growing, not its success.
+INSTRUCTIONS = """
+SELECT k.instruction, uniqExact(r.task_id) AS tasks,
+       countIf(r.max_policy_version * 2 <= m.top) AS n1, avgIf(r.reward >= 0.5, r.max_policy_version * 2 <= m.top),
+       countIf(r.max_policy_version * 2 > m.top) AS n2, avgIf(r.reward >= 0.5, r.max_policy_version * 2 > m.top)
+FROM trajectory_rewards AS r
+INNER JOIN (SELECT task_id, any(instruction) AS instruction FROM tasks GROUP BY task_id) AS k USING task_id
+CROSS JOIN (SELECT max(max_policy_version) AS top FROM trajectory_rewards
+            WHERE has_reward = 1 AND origin = 'online' AND mode = 'train') AS m
+WHERE r.has_reward = 1 AND r.status != 'infra_error' AND r.origin = 'online' AND r.mode = 'train'
+GROUP BY k.instruction HAVING tasks >= 2
+ORDER BY n1 + n2 DESC, k.instruction LIMIT 20"""
+
 
 @dataclass(frozen=True)
 class UpdateRow:
@@ -115,6 +132,8 @@ class Report:
     success_by_time: list[tuple[int, int, float]] = field(default_factory=list)
     updates: list[UpdateRow] = field(default_factory=list)
     groups: list[tuple[int, int, int, int]] = field(default_factory=list)
+    instructions: list[tuple[str, int, int, float, int, float]] = field(default_factory=list)
+    """(instruction, tasks, runs and success in the first half of the versions, the same in the second)."""
 
     def zero_advantage(self) -> list[tuple[int, float]]:
         """(version, fraction of that version's groups with one reward for all rollouts)."""
@@ -141,6 +160,13 @@ class Report:
         out.append("== task difficulty (hardest first)")
         out += [f"  {t:<40} {n:>6} runs  success {r:6.1%}  mean steps {s:5.1f}  infra errors {e}"
                 for t, n, r, s, e in self.tasks] or ["  (none)"]
+        out.append("== instructions that tasks share (runs, their share of the half and success, "
+                   "first and second half of the policy versions)")
+        n1_all = sum(i[2] for i in self.instructions) or 1
+        n2_all = sum(i[4] for i in self.instructions) or 1
+        out += [f"  {text[:48]:<48} {k:>4} tasks  first {n1:>6} runs ({n1 / n1_all:4.0%}) {_rate(n1, s1)}"
+                f"  second {n2:>6} runs ({n2 / n2_all:4.0%}) {_rate(n2, s2)}"
+                for text, k, n1, s1, n2, s2 in self.instructions] or ["  (every task has an instruction of its own)"]
         out.append("== worker utilisation (busy / (busy + idle), mean slot use)")
         out += [f"  {role:<8} {w:<28} slots {slots:>3}  busy {_frac(b, i):6.1%}  slot use {u:6.1%}"
                 for w, role, slots, b, i, u in self.workers] or ["  (none)"]
@@ -148,6 +174,10 @@ class Report:
         total = sum(n for _, n in self.staleness)
         out += [f"  lag {lag:>3}: {n:>8} steps ({n / total:6.1%})" for lag, n in self.staleness] or ["  (none)"]
         return "\n".join(out)
+
+
+def _rate(n: int, rate: float) -> str:
+    return f"success {rate:6.1%}" if n else "success      -"
 
 
 def _frac(busy: float, idle: float) -> float:
@@ -167,6 +197,8 @@ def build_report(query: Query) -> Report:
                            int(r[13] or 0), int(r[14] or 0), int(r[15] or 0), int(r[16] or 0))
                  for r in query(LEARNING)],
         groups=[(int(v), int(g), int(s), int(f)) for v, g, s, f in query(GROUPS)],
+        instructions=[(str(t), int(k), int(n1), float(s1) if n1 else 0.0, int(n2), float(s2) if n2 else 0.0)
+                      for t, k, n1, s1, n2, s2 in query(INSTRUCTIONS)],
     )
 
 

@@ -153,6 +153,32 @@ def test_report_on_a_crafted_history(store: Store, chdb_path, tmp_path) -> None:
         "staleness.png"}
 
 
+def test_report_shows_success_and_share_per_shared_instruction(store: Store, chdb_path) -> None:
+    """A policy with a habit (the red button, whatever the instruction says) and a scheduler that
+    moves to the tasks it solves: one instruction at 100 %, the other near 0, red's share growing."""
+    import dataclasses
+
+    import clickhouse_connect
+
+    from dart.data.report import build_report
+
+    tasks = [dataclasses.replace(task(t), instruction=text) for t, text in (
+        ("red1", "Click red"), ("red2", "Click red"), ("blue1", "Click blue"), ("blue2", "Click blue"),
+        ("solo", "an instruction of its own"))]
+    history = [*tasks]
+    for task_id, rewards, version in (("red1", [1.0, 1.0], 0), ("blue1", [0.0, 0.0], 0), ("solo", [1.0], 0),
+                                      ("red2", [1.0, 1.0], 2), ("red2", [1.0, 1.0], 2), ("blue2", [0.0, 1.0], 2)):
+        history += group(task_id, rewards, version=version, t=T0 + 1000 * version)[0]
+    q.write_events(store, history)
+    client = clickhouse_connect.get_client(dsn=f"chdb://{chdb_path}", database=store.database)
+    report = build_report(lambda sql: client.query(sql).result_rows)
+    # versions 0..2: the first half is v0-v1, the second v2; "solo" is its own task's instruction
+    assert report.instructions == [("Click red", 2, 2, 1.0, 4, 1.0), ("Click blue", 2, 2, 0.0, 2, 0.5)]
+    text = report.text()
+    assert "Click red" in text and "first      2 runs ( 50%) success 100.0%  second      4 runs ( 67%)" in text
+    assert "an instruction of its own" not in text
+
+
 def test_a_redone_rollout_counts_once_and_its_latest_steps_win(store: Store) -> None:
     events, trajs = group("a", [1.0, 0.0])
     first = trajs[1]
