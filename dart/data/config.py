@@ -95,6 +95,10 @@ class CurationConfig:
     """Per-task cap = ceil(longest successful length * slack), bounded by [min_steps, max_steps]."""
     adaptive_max_steps: bool = True
     """Per-task step caps from successful lengths (False: always `max_steps`)."""
+    lengths_from: str = "online"
+    """Whose successes set a task's cap: ``online`` (the policy's own rollouts) or ``any`` (experience
+    and oracle trajectories too). An oracle solves a task in its fewest steps, and 1.5x that is a
+    cap a policy that still makes mistakes rarely meets: its groups on the task stay all-fail."""
     staleness_bound: int = 4
     """Samples from policy versions < current - staleness_bound are never batched."""
     entropy_top_fraction: float = 0.8
@@ -114,6 +118,8 @@ class CurationConfig:
         require(0.0 < self.rate_threshold <= 1.0, "rate_threshold", f"must be in (0, 1], got {self.rate_threshold}")
         require(1 <= self.min_steps <= self.max_steps, "min_steps", f"must be in [1, max_steps], got {self.min_steps}")
         require(self.steps_slack >= 1.0, "steps_slack", f"must be >= 1, got {self.steps_slack}")
+        require(self.lengths_from in ("online", "any"), "lengths_from",
+                f"must be 'online' or 'any', got {self.lengths_from!r}")
         require(self.staleness_bound >= 0, "staleness_bound", f"must be >= 0, got {self.staleness_bound}")
         require(0.0 < self.entropy_top_fraction <= 1.0, "entropy_top_fraction",
                 f"must be in (0, 1], got {self.entropy_top_fraction}")

@@ -72,9 +72,11 @@ class Horizon:
                        lengths={str(k): int(v) for k, v in body["lengths"].items()},
                        lengths_read_ms=None if body["lengths_read_ms"] is None else int(body["lengths_read_ms"]))
 
-    def success_lengths(self, store: Store, *, threshold: float, now_ms: int) -> dict[str, list[int]]:
+    def success_lengths(self, store: Store, *, threshold: float, now_ms: int,
+                        online_only: bool = False) -> dict[str, list[int]]:
         since = None if self.lengths_read_ms is None else self.lengths_read_ms - LATE_MS
-        for task, (n,) in q.success_lengths(store, threshold=threshold, since_ms=since).items():
+        for task, (n,) in q.success_lengths(store, threshold=threshold, since_ms=since,
+                                            online_only=online_only).items():
             self.lengths[task] = max(n, self.lengths.get(task, 0))
         self.lengths_read_ms = now_ms
         return {task: [n] for task, n in self.lengths.items()}
@@ -106,7 +108,8 @@ def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_reque
         q.recent_outcomes(store, mode=sched.mode, oldest_version=current - cur.window_versions, window=cur.window),
         current_version=current, cfg=cur,
     )
-    lengths = horizon.success_lengths(store, threshold=cur.success_threshold, now_ms=now_ms)
+    lengths = horizon.success_lengths(store, threshold=cur.success_threshold, now_ms=now_ms,
+                                      online_only=cur.lengths_from == "online")
     since = horizon.open_since_ms
     groups, requested, templates = q.open_groups(store, mode=sched.mode, since_ms=since)
     timeout_s = cfg.batcher.group_timeout_s

@@ -85,14 +85,17 @@ def recent_outcomes(store: Store, *, mode: str, oldest_version: int, window: int
     return [_outcome(r) for r in rows]
 
 
-def success_lengths(store: Store, *, threshold: float, since_ms: int | None = None) -> dict[str, list[int]]:
-    """Per task, the longest successful trajectory (any origin: a success shows what it takes).
+def success_lengths(store: Store, *, threshold: float, since_ms: int | None = None,
+                    online_only: bool = False) -> dict[str, list[int]]:
+    """Per task, the longest successful trajectory: of any origin, or with ``online_only`` of the
+    policy's own rollouts (``curation.lengths_from``).
 
     With ``since_ms``, only rollouts with a trajectory or reward row stamped since then: what is
     new since an earlier call (the caller keeps the running maximum, ``decide.Horizon``)."""
     db = store.database
     src = f"{db}.trajectory_rewards"
     params: dict[str, Any] = {"thr": threshold}
+    origin = " AND origin = 'online'" if online_only else ""
     if since_ms is not None:
         since = "event_time >= fromUnixTimestamp64Milli({since:Int64})"
         src = latest_outcomes(db, trajectories=f"""({since} OR rollout_id IN (
@@ -100,7 +103,7 @@ def success_lengths(store: Store, *, threshold: float, since_ms: int | None = No
         params["since"] = since_ms
     rows = store.query(
         f"""SELECT task_id, max(num_steps) FROM {src}
-        WHERE has_reward = 1 AND reward >= {{thr:Float64}} AND status != 'infra_error' GROUP BY task_id""",
+        WHERE has_reward = 1 AND reward >= {{thr:Float64}} AND status != 'infra_error'{origin} GROUP BY task_id""",
         params,
     )
     return {r[0]: [int(r[1])] for r in rows}

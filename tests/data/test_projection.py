@@ -8,6 +8,7 @@ from dart.data import projection as q
 from dart.data.rows import ROWS, TABLES, masked_mean, to_row
 from dart.data.schema import MIGRATIONS, Migration, pending
 from dart.data.store import Store, StoreError, parse_dsn
+from dart.errors import ConfigError
 from tests.data.factories import T0, Traj, group, heartbeat, request, task
 
 pytestmark = pytest.mark.clickhouse
@@ -75,6 +76,8 @@ def test_curation_queries_on_a_crafted_history(store: Store) -> None:
         by_task.setdefault(x.task_id, []).append(x)
     assert len(by_task["a"]) == 3 and len(by_task["b"]) == 2
     assert q.success_lengths(store, threshold=0.5) == {"a": [7], "b": [3]}
+    # the policy's own successes only: b's 3-step success is an experience trajectory
+    assert q.success_lengths(store, threshold=0.5, online_only=True) == {"a": [7]}
     pool = q.experience_pool(store, threshold=0.5)
     assert list(pool) == ["b"] and pool["b"][0].rollout_id == xp.rollout_id
     groups, requested, templates = q.open_groups(store, mode="train")
@@ -255,6 +258,29 @@ def test_filtered_outcome_queries_return_what_the_whole_view_returns(store: Stor
     ids = "(" + ", ".join(f"'{g.group_id}'" for g in groups) + ")"
     assert by_id(o for g in groups for o in g.outcomes) == by_id(q._outcome(r) for r in old("open", groups=ids))
 
+
+
+def test_a_task_only_an_oracle_solved_keeps_the_full_step_cap(store: Store) -> None:
+    """Dynamic trajectory length follows the policy's own successes: an oracle's 4-step solution
+    would cap the task at 6 steps, which a policy still making mistakes rarely meets (on the chain
+    preset such tasks' groups stayed all-fail: 3 % success at their caps against 27 % at 16)."""
+    import dataclasses
+
+    from dart.data.config import CurationConfig, DataConfig
+    from dart.data.decide import schedule_inputs
+
+    solved, _ = group("a", [1.0, 0.0], t=T0, steps=8)
+    unsolved, _ = group("b", [0.0, 0.0], t=T0, steps=20)
+    oracle = Traj("b", "xp-b", reward=1.0, steps=4, status="success", origin="oracle", mode="experience")
+    q.write_events(store, [task("a"), task("b"), *solved, *unsolved, *oracle.events()])
+    cfg = DataConfig(curation=CurationConfig(max_steps=30, steps_slack=1.5))
+    caps = {t.task_id: t.max_steps for t in schedule_inputs(store, cfg, now_ms=T0 + 60_000, pending_requests=set())[0].tasks}
+    assert caps == {"a": 12, "b": 30}
+    anyone = dataclasses.replace(cfg, curation=dataclasses.replace(cfg.curation, lengths_from="any"))
+    caps = {t.task_id: t.max_steps for t in schedule_inputs(store, anyone, now_ms=T0 + 60_000, pending_requests=set())[0].tasks}
+    assert caps == {"a": 12, "b": 6}
+    with pytest.raises(ConfigError, match="lengths_from"):
+        CurationConfig(lengths_from="oracle")
 
 
 def test_a_pass_from_the_horizon_decides_what_a_whole_read_decides(store: Store) -> None:
