@@ -57,6 +57,28 @@ async def test_an_untouched_task_scores_zero_and_made_up_keys_do_nothing(desktop
     assert (await desktop.evaluate(task, final_action=None))[0] == 0.0
 
 
+async def test_a_window_wait_cut_short_leaves_no_search_running(desktop):
+    """A postconfig's close_window waits a few seconds for a window the agent may have closed;
+    cutting that wait short must not leave ``xdotool search --sync`` running for ever."""
+    import subprocess
+
+    await desktop.reset(_task("xdesktop-mousepad-hello"))
+    display = desktop.display
+    pattern = "no-such-window-dart-test"
+
+    def searches() -> int:
+        out = subprocess.run(["pgrep", "-f", f"xdotool search .*{pattern}"], capture_output=True, text=True).stdout
+        return len(out.split())
+
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(display.wait_window(pattern, 60.0), 0.5)
+    with pytest.raises(Exception, match="no window of a class like"):
+        await display.wait_window(pattern, 0.3, by_class=True)
+    assert searches() == 0
+    # by class: the editor's WM_CLASS, as OSWorld's "by_class" close_window names it
+    assert await display.wait_window("mousepad", 10.0, by_class=True)
+
+
 async def test_reset_restores_the_start_state(desktop):
     task = _task("xdesktop-mousepad-hello")
     await desktop.reset(task)

@@ -52,10 +52,13 @@ class XDisplay:
     @property
     def env(self) -> dict[str, str]:
         """Environment for programs on this display: its DISPLAY and the slot's HOME, and no
-        session bus (so a GTK app never hands its window to an instance on another display)."""
+        session bus (so a GTK app never hands its window to an instance on another display).
+        ``MOZ_LEGACY_PROFILES``: Thunderbird opens the profile that ``profiles.ini`` marks
+        ``Default=1`` (the one an OSWorld task unpacks), not a new profile of its own for an
+        install it has not seen (what it does when the profile was made by another install)."""
         base = {k: v for k, v in os.environ.items() if not k.startswith(("DBUS_", "XDG_RUNTIME", "WAYLAND"))}
         base.update(DISPLAY=self.display, HOME=str(self.home), LANG=base.get("LANG", "C.UTF-8"),
-                    NO_AT_BRIDGE="1")
+                    NO_AT_BRIDGE="1", MOZ_LEGACY_PROFILES="1")
         return base
 
     async def start(self, timeout_s: float = 10.0) -> None:
@@ -137,29 +140,33 @@ class XDisplay:
         img.save(buf, format="PNG", compress_level=1)
         return buf.getvalue()
 
-    async def wait_window(self, name: str, timeout_s: float) -> str:
-        """The id of a visible window whose title contains ``name`` (a regex, as xdotool takes it).
+    async def wait_window(self, name: str, timeout_s: float, *, by_class: bool = False) -> str:
+        """The id of a visible window whose title contains ``name`` (a regex, as xdotool takes it);
+        ``by_class``: whose WM_CLASS does (OSWorld's ``"by_class": true``, e.g. ``Mail.thunderbird``).
 
         NOTE: ``xdotool search --sync`` can return empty-handed when a window it was looking at
         disappears mid-search (browsers map and unmap windows while starting): search again."""
+        what = "of a class" if by_class else "named"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
             proc = await asyncio.create_subprocess_exec(
-                "xdotool", "search", "--sync", "--onlyvisible", "--name", name,
+                "xdotool", "search", "--sync", "--onlyvisible", "--class" if by_class else "--name", name,
                 env=self.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
             )
             try:
                 out, _ = await asyncio.wait_for(proc.communicate(), max(0.1, deadline - loop.time()))
             except TimeoutError as exc:
-                proc.kill()
-                await proc.wait()
-                raise EnvError(f"no window named like {name!r} appeared on {self.display} within {timeout_s} s") from exc
+                raise EnvError(f"no window {what} like {name!r} appeared on {self.display} within {timeout_s} s") from exc
+            finally:  # a timeout, or a caller's own (a postconfig's short wait cancels this one)
+                if proc.returncode is None:
+                    proc.kill()
+                    await asyncio.shield(proc.wait())
             ids = out.decode().split()
             if ids:
                 return ids[0]
             if loop.time() >= deadline:
-                raise EnvError(f"no window named like {name!r} on {self.display}")
+                raise EnvError(f"no window {what} like {name!r} on {self.display}")
             await asyncio.sleep(0.2)
 
     async def close(self) -> None:

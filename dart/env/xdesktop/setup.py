@@ -223,10 +223,11 @@ class SetupRunner:
                 await self.chrome.wait_ready(self.app_timeout_s)
                 await self.chrome.close_tabs(list(params.get("urls_to_close", [])))
             case "close_window":
-                await self._close_window(_str(params, "window_name", where))
+                await self._close_window(_str(params, "window_name", where), by_class=_flag(params, "by_class"))
             case "activate_window":
-                wid = await self.display.wait_window(window_pattern(_str(params, "window_name", where)),
-                                                     self.app_timeout_s)
+                name, by_class = _str(params, "window_name", where), _flag(params, "by_class")
+                wid = await self.display.wait_window(class_pattern(name) if by_class else window_pattern(name),
+                                                     self.app_timeout_s, by_class=by_class)
                 proc = await asyncio.create_subprocess_exec("xdotool", "windowactivate", "--sync", wid,
                                                             env=self.display.env)
                 await proc.wait()
@@ -299,8 +300,9 @@ class SetupRunner:
         if "chrom" in pattern:
             await self.chrome.close()
 
-    async def _close_window(self, name: str) -> None:
-        wid = await self.display.wait_window(window_pattern(name), self.app_timeout_s)
+    async def _close_window(self, name: str, *, by_class: bool = False) -> None:
+        pattern = class_pattern(name) if by_class else window_pattern(name)
+        wid = await self.display.wait_window(pattern, self.app_timeout_s, by_class=by_class)
         proc = await asyncio.create_subprocess_exec("xdotool", "windowclose", wid, env=self.display.env)
         await proc.wait()
 
@@ -321,6 +323,11 @@ class SetupRunner:
                 return
         if len(argv) == 2 and PurePosixPath(argv[0]).name in ("pkill", "killall"):
             await self._pkill(argv[1])
+            return
+        if argv and PurePosixPath(argv[0]).name == "su":
+            # `sudo su - charles` (an infeasible task's premise: no such user): the slot's programs
+            # run as this machine's user, and OSWorld's VM runs it and ignores its failure.
+            log.info("setup: not switching user (%s): a slot's programs run as this machine's user", shlex.join(argv))
             return
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -371,6 +378,18 @@ class Vlc:
         self.port = free_port()
         return [task_argv[0], "--extraintf=http", "--http-host=127.0.0.1", f"--http-port={self.port}",
                 f"--http-password={self.password}", *task_argv[1:]]
+
+
+def _flag(params: dict[str, Any], key: str) -> bool:
+    """A task file's boolean (``true`` or the string ``"true"``)."""
+    return str(params.get(key, False)).lower() in ("true", "1")
+
+
+def class_pattern(name: str) -> str:
+    """The xdotool ``--class`` pattern for OSWorld's ``by_class`` window name, which is wmctrl's
+    ``instance.Class`` (``Mail.thunderbird``): the class part (Debian's Thunderbird calls its
+    class ``thunderbird-default``, which the pattern also matches)."""
+    return re.escape(name.split(".", 1)[1] if "." in name else name)
 
 
 def window_pattern(name: str) -> str:
