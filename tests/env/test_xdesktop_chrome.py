@@ -74,3 +74,33 @@ async def test_chrome_setup_opens_and_closes_tabs_and_the_getters_read_them(tmp_
             assert score == 1.0, details
     finally:
         await backend.close()
+
+
+async def test_a_cookie_task_whose_pages_do_not_load_is_an_infra_error_not_a_free_score(tmp_path):
+    """OSWorld's "delete Amazon's cookies" opens amazon.com in its setup; offline the pages never
+    load, no cookie is set, and the evaluator would give 1 before any action."""
+    import socket
+
+    from dart.errors import EnvError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/shop.html"   # nothing listens there once closed
+    cookies = {"func": "is_cookie_deleted", "result": {"type": "cookie_data", "dest": "Cookies"},
+               "expected": {"type": "rule", "rules": {"type": "domains", "domains": [".amazon.com"]}}}
+
+    def task(url: str) -> Task:
+        return Task.from_dict({
+            "id": "chrome-cookies", "instruction": "i",
+            "config": [{"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}},
+                       {"type": "chrome_open_tabs", "parameters": {"urls_to_open": [url]}}],
+            "evaluator": cookies})
+
+    backend = XDesktopBackend(SMALL, slot=95)
+    try:
+        with pytest.raises(EnvError, match=r"shop.html did not load .*cookies it asks to delete"):
+            await backend.reset(task(dead))
+        with site(tmp_path) as base:
+            await backend.reset(task(f"{base}/a.html"))   # a page that loads: the task sets up
+    finally:
+        await backend.close()

@@ -36,6 +36,8 @@ from dart.env.xdesktop.setup import (
 from dart.errors import EnvError
 
 log = logging.getLogger(__name__)
+PAGES_PREMISE = {"is_cookie_deleted": "its pages set the cookies it asks to delete"}
+"""Metrics that judge what the setup's web pages left in the browser: their pages must load."""
 
 HOME_FOLDERS = ("Desktop", "Documents", "Downloads", "Music", "Pictures", "Videos")
 MIME_DEFAULTS = "[Default Applications]\nvideo/mp4=org.gnome.Totem.desktop\n"
@@ -118,7 +120,26 @@ class XDesktopBackend(EnvBackend):
         await asyncio.to_thread(self._wipe_home)
         for step in task.config:
             await self.setup.run(step.type, step.parameters)
+        await self._check_pages_loaded(task)
         return await self._observe({"task": task.id})
+
+    async def _check_pages_loaded(self, task: Task) -> None:
+        """A task whose evaluator judges what its setup's web pages left behind (cookies to
+        delete) cannot be scored when they did not load (an offline machine): without the
+        check it scores 1 before any action. An infra error, naming the pages, instead."""
+        why = next((PAGES_PREMISE[f] for f in task.evaluator.funcs if f in PAGES_PREMISE), None)
+        if why is None or self.setup.chrome.port is None:
+            return
+        failed = []
+        for page in await self.setup.chrome.pages():
+            await self.setup.chrome.wait_loaded(page)
+            if str(await self.setup.chrome.evaluate(page, "location.href")).startswith("chrome-error://"):
+                history = await self.setup.chrome.send(page, "Page.getNavigationHistory")
+                entries = history.get("entries") or [{}]
+                failed.append(str(entries[history.get("currentIndex", -1)].get("url") or page.get("url") or "a tab"))
+        if failed:
+            raise EnvError(f"setup: {', '.join(failed)} did not load (no network?), and this task needs them "
+                           f"loaded ({why})")
 
     async def step(self, action: Action) -> Observation:
         self._check()
