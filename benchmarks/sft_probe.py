@@ -91,6 +91,7 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=None, help="samples per SFT step (default: the config's)")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--every", type=int, default=250)
+    ap.add_argument("--start", type=int, default=0, help="no checks before this step (a close look at a transition)")
     ap.add_argument("--clicks", type=int, default=200, help="held-out first pages per check")
     ap.add_argument("--episodes", type=int, default=60, help="held-out greedy episodes per check")
     ap.add_argument("--threads", type=int, default=2)
@@ -122,7 +123,7 @@ def main() -> None:
             engine.backward(loss)
             engine.step()
             losses.append(float(loss.detach()))
-            if step % args.every == 0 or step == args.steps:
+            if (step >= args.start and step % args.every == 0) or step == args.steps:
                 policy.model.eval()
                 right = asyncio.run(first_clicks(policy, probe, store, recipe))
                 success = evaluate(policy, held, args.episodes, store=store, recipe=recipe, phase=-step)

@@ -71,6 +71,11 @@ class Recipe:
     (a partial warm start at a chosen level, whatever the seed; None: run all ``sft_steps``)."""
     sft_check_every: int = 25
     """SFT steps between two checks of ``sft_target_success``."""
+    sft_fine_check_every: int | None = None
+    """SFT steps between two checks once a check has scored above zero (None: ``sft_check_every``).
+    On the ``chain`` preset success sits at 0.00-0.03 for ~2,000 steps and then climbs 0.04 ->
+    0.24 -> 0.41 -> 0.62 -> 0.87 in 200 steps (seed 1, checks every 50): checks every 250 steps
+    jumped from 0.03 straight to 0.76, twice the target."""
     sft_check_episodes: int = 100
     """Greedy episodes on training tasks per check (never the held-out tasks)."""
     sft_lr: float = 1e-3
@@ -133,6 +138,8 @@ class Recipe:
         require(self.sft_steps == 0 or self.sft_demos >= 1, "sft_demos", "SFT steps need >= 1 demonstration")
         require(self.group_size >= 2, "group_size", f"GRPO needs >= 2 rollouts per task, got {self.group_size}")
         require(self.tasks_per_update <= self.train_tasks, "tasks_per_update", "must be <= train_tasks")
+        require(self.sft_fine_check_every is None or self.sft_fine_check_every >= 1, "sft_fine_check_every",
+                f"must be >= 1 or null, got {self.sft_fine_check_every}")
         require(self.sft_target_success is None or 0.0 < self.sft_target_success <= 1.0, "sft_target_success",
                 f"must be in (0, 1] or null, got {self.sft_target_success}")
 

@@ -111,8 +111,9 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
     engine, ``save_policy``; the same data is written to ``workdir/sft.jsonl``), counted in
     optimiser steps instead of epochs: ``sft_steps`` micro-batches of ``sft_micro_batch``, cut from a
     fresh shuffle of the demonstrations every pass (a short last chunk is left out). With
-    ``sft_target_success``, every ``sft_check_every`` steps the policy plays ``sft_check_episodes``
-    greedy episodes of training tasks, and SFT stops once their success reaches the target.
+    ``sft_target_success``, every ``sft_check_every`` steps (every ``sft_fine_check_every`` once a
+    check scored above zero) the policy plays ``sft_check_episodes`` greedy episodes of training
+    tasks, and SFT stops once their success reaches the target.
     """
     import torch
 
@@ -140,6 +141,7 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
     losses: list[float] = []
     best: tuple[float, int, dict[str, Any]] | None = None   # (success, step, weights) of the best check
     success = -1.0
+    next_check = recipe.sft_check_every
     for step, chunk in enumerate(shuffled_chunks(kept, size, rng), start=1):
         batch = collate(chunk, torch.ones(size, dtype=torch.bool), pad_id=policy.pad_token_id)
         logp_B_T, _ = engine.forward(batch)
@@ -150,13 +152,17 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
         if step % 100 == 0 or step == recipe.sft_steps:
             log(f"sft step {step}/{recipe.sft_steps}: nll {sum(losses) / len(losses):.4f}")
             losses = []
-        if recipe.sft_target_success is not None and step % recipe.sft_check_every == 0:
+        if recipe.sft_target_success is not None and step == next_check:
             success = evaluate(policy, check, recipe.sft_check_episodes, store=store, recipe=recipe, phase=-step)
             policy.model.train()
             log(f"sft step {step}: training-task success {success:.3f} (target {recipe.sft_target_success})")
             if success >= recipe.sft_target_success:
                 log(f"sft step {step}: warm start reached its target")
                 break
+            # success can climb from ~0 to twice the target between two coarse checks: once it
+            # leaves zero, look closer
+            fine = recipe.sft_fine_check_every if success > 0 and recipe.sft_fine_check_every else recipe.sft_check_every
+            next_check = step + fine
             if best is None or success > best[0]:
                 best = (success, step, engine.full_state_dict())
         if step == recipe.sft_steps:

@@ -143,6 +143,29 @@ def test_sft_stops_at_the_first_check_that_reaches_its_target(tmp_path: Path, mo
     assert all(n == 4 for _, n in calls)
 
 
+def test_sft_checks_closer_once_success_leaves_zero(tmp_path: Path, monkeypatch) -> None:
+    """Coarse checks every 6 steps while success is 0, every 2 once a check scored above zero."""
+    import dart.stack.warmstart as warmstart
+    from dart.blobs import LocalBlobStore
+
+    scripted = iter([0.0, 0.0, 0.1, 0.2, 0.4])
+
+    def fake_evaluate(policy, tasks, episodes, *, store, recipe, phase=0):
+        return next(scripted)
+
+    monkeypatch.setattr(warmstart, "evaluate", fake_evaluate)
+    recipe = Recipe(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=50, sft_micro_batch=2, tasks_per_update=2,
+                    sft_target_success=0.3, sft_check_every=6, sft_fine_check_every=2, sft_check_episodes=4)
+    train, _ = make_tasks(recipe)
+    lines: list[str] = []
+    warmstart.warm_start(recipe, tmp_path, LocalBlobStore(tmp_path / "blobs"), train, log=lines.append)
+    checks = [line.split(":")[0] for line in lines if "training-task success" in line]
+    assert checks == ["sft step 6", "sft step 12", "sft step 18", "sft step 20", "sft step 22"]
+    assert lines[-1] == "sft step 22: warm start reached its target"
+    with pytest.raises(ConfigError, match="sft_fine_check_every"):
+        Recipe(sft_fine_check_every=0)
+
+
 def test_sft_that_misses_its_target_keeps_the_best_checks_weights(tmp_path: Path, monkeypatch) -> None:
     """Checks at steps 3, 6, 9 score 0.2, 0.4, 0.0 (target 0.9): the warm start is step 6's model."""
     import torch
