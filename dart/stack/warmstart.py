@@ -141,7 +141,7 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
     losses: list[float] = []
     best: tuple[float, int, dict[str, Any]] | None = None   # (success, step, weights) of the best check
     success = -1.0
-    next_check = recipe.sft_check_every
+    next_check, close = recipe.sft_check_every, False
     for step, chunk in enumerate(shuffled_chunks(kept, size, rng), start=1):
         batch = collate(chunk, torch.ones(size, dtype=torch.bool), pad_id=policy.pad_token_id)
         logp_B_T, _ = engine.forward(batch)
@@ -160,9 +160,9 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
                 log(f"sft step {step}: warm start reached its target")
                 break
             # success can climb from ~0 to twice the target between two coarse checks: once it
-            # leaves zero, look closer
-            fine = recipe.sft_fine_check_every if success > 0 and recipe.sft_fine_check_every else recipe.sft_check_every
-            next_check = step + fine
+            # has left zero (a later check at 0 is noise near the climb), look closer
+            close = close or (success > 0 and recipe.sft_fine_check_every is not None)
+            next_check = step + (recipe.sft_fine_check_every if close else recipe.sft_check_every)
             if best is None or success > best[0]:
                 best = (success, step, engine.full_state_dict())
         if step == recipe.sft_steps:

@@ -144,11 +144,12 @@ def test_sft_stops_at_the_first_check_that_reaches_its_target(tmp_path: Path, mo
 
 
 def test_sft_checks_closer_once_success_leaves_zero(tmp_path: Path, monkeypatch) -> None:
-    """Coarse checks every 6 steps while success is 0, every 2 once a check scored above zero."""
+    """Coarse checks every 6 steps while success is 0, every 2 once a check scored above zero
+    (and still every 2 after a later check at zero)."""
     import dart.stack.warmstart as warmstart
     from dart.blobs import LocalBlobStore
 
-    scripted = iter([0.0, 0.0, 0.1, 0.2, 0.4])
+    scripted = iter([0.0, 0.0, 0.1, 0.0, 0.2, 0.4])
 
     def fake_evaluate(policy, tasks, episodes, *, store, recipe, phase=0):
         return next(scripted)
@@ -160,8 +161,8 @@ def test_sft_checks_closer_once_success_leaves_zero(tmp_path: Path, monkeypatch)
     lines: list[str] = []
     warmstart.warm_start(recipe, tmp_path, LocalBlobStore(tmp_path / "blobs"), train, log=lines.append)
     checks = [line.split(":")[0] for line in lines if "training-task success" in line]
-    assert checks == ["sft step 6", "sft step 12", "sft step 18", "sft step 20", "sft step 22"]
-    assert lines[-1] == "sft step 22: warm start reached its target"
+    assert checks == ["sft step 6", "sft step 12", "sft step 18", "sft step 20", "sft step 22", "sft step 24"]
+    assert lines[-1] == "sft step 24: warm start reached its target"
     with pytest.raises(ConfigError, match="sft_fine_check_every"):
         Recipe(sft_fine_check_every=0)
 
