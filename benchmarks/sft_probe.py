@@ -11,7 +11,11 @@ Measured 2026-11-26 on this 2-core machine (chain, seed 0, ~5 min a run): at mak
 settings (``--lr 1e-3 --micro-batch 8``) the first click stayed at chance, right on 0.19-0.41 of
 first pages at every check to step 3,000 (one colour at a time rising and falling; episode success
 0.00-0.22); at chain.yaml's 3e-4 and 16 samples it was right on 0.64 at step 2,000, every colour
-above chance (blue 0.50, green 0.56, red 0.87, yellow 0.69), episode success 0.32.
+above chance (blue 0.50, green 0.56, red 0.87, yellow 0.69), episode success 0.32. A close look
+at seed 1 (``--seed 1 --steps 2300 --every 50 --start 1700 --threads 1``, the warm start's own
+thread count, so the same weights as `dart up`'s SFT): episode success 0.00-0.04 to step 2,000,
+then 0.24, 0.41, 0.62, 0.87 at 2,050-2,200, which is why the chain warm start checks every 50
+steps once success leaves zero (``sft_fine_check_every``).
 """
 
 from __future__ import annotations
