@@ -11,8 +11,10 @@ services) finishes the record in hand, commits and closes.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -90,9 +92,12 @@ class Consumer:
         client_id: str | None = None,
         concurrent_partitions: bool = False,
         linger_s: float = 0.0,
+        pipeline_records: int = 0,
     ) -> None:
         if sum(h is not None for h in (handler, batch_handler, raw_batch_handler)) != 1:
             raise ValueError("give exactly one of handler, batch_handler or raw_batch_handler")
+        if pipeline_records and batch_handler is None:
+            raise ValueError("pipeline_records needs a batch_handler")
         self.cfg = cfg
         self.topics = list(topics)
         self.group = group
@@ -114,6 +119,15 @@ class Consumer:
         # raw_batch_handler only: gather fetches for up to this long (or max_batch records) into
         # one call, for handlers with a fixed cost per call (a ClickHouse insert).
         self.linger_s = linger_s
+        # batch_handler only: keep fetching while earlier fetches are still being handled, up to
+        # this many records in hand (0: fetch, handle, commit, fetch: one fetch at a time). For
+        # handlers that wait on a shared resource, such as the rollout worker's engine, which
+        # batches whatever is queued when it is free: records that arrive while it works join
+        # its next batch instead of waiting for the whole fetch before them to be answered.
+        # Offsets are still committed in log order, once every earlier fetch is done.
+        self.pipeline_records = pipeline_records
+        self._flight: collections.deque[tuple[asyncio.Task[None], dict[Any, int], int]] = collections.deque()
+        self._flight_records = 0
         self.started = asyncio.Event()
         self.reached_end = asyncio.Event()
         """Set once every assigned partition was read up to the high watermark its fetch reported
@@ -156,6 +170,9 @@ class Consumer:
                     fetch.cancel()
                     break
                 batches = fetch.result()
+                if self.pipeline_records:
+                    await self._pipeline(consumer, batches)
+                    batches = {}
                 if self.raw_batch_handler is not None and batches and self.linger_s > 0:
                     batches = await self._linger(consumer, batches)
                 if self.raw_batch_handler is not None and batches:
@@ -171,11 +188,69 @@ class Consumer:
                 if not self.reached_end.is_set() and await _at_end(consumer):
                     self.reached_end.set()
         finally:
+            await self._drain(consumer, abort=sys.exc_info()[0] is not None)
             await consumer.stop()
             if self._own_producer and self._producer is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self._producer.close)
             log.info("%s: stopped after %d records (%d dead-lettered)", self.group, self.handled,
                      self.dead_lettered)
+
+    async def _pipeline(self, consumer: AIOKafkaConsumer, batches: dict[Any, list[Any]]) -> None:
+        """Start handling a fetch (all its partitions at once) and return while it runs, unless
+        ``pipeline_records`` records are in hand: then wait for the oldest fetch first."""
+        if batches:
+            n = sum(len(r) for r in batches.values())
+            task = asyncio.create_task(self._handle_fetch(batches), name=f"{self.group}-fetch")
+            self._flight.append((task, {tp: recs[-1].offset + 1 for tp, recs in batches.items()}, n))
+            self._flight_records += n
+        await self._commit_done(consumer)
+        while self._flight and self._flight_records >= self.pipeline_records:
+            await asyncio.wait({self._flight[0][0]})
+            await self._commit_done(consumer)
+
+    async def _handle_fetch(self, batches: dict[Any, list[Any]]) -> None:
+        async def partition(records: list[Any]) -> None:
+            good = [d for rec in records if (d := await self._decode(rec)) is not None]
+            if good:
+                assert self.batch_handler is not None
+                await self._retrying(self.batch_handler, good)
+
+        await asyncio.gather(*(partition(recs) for recs in batches.values()))
+
+    async def _commit_done(self, consumer: AIOKafkaConsumer) -> None:
+        """Commit the fetches handled so far that no unfinished fetch precedes (log order); a
+        handler that kept failing is raised here, with nothing from its fetch on committed."""
+        offsets: dict[Any, int] = {}
+        while self._flight and self._flight[0][0].done():
+            task, done, n = self._flight.popleft()
+            self._flight_records -= n
+            task.result()
+            offsets.update(done)
+            self.handled += n
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            log.warning("%s: commit of %d partitions failed (%s); the records will be redelivered",
+                        self.group, len(offsets), exc)
+
+    async def _drain(self, consumer: AIOKafkaConsumer, *, abort: bool) -> None:
+        """On the way out: let the fetches in hand finish and commit them; when leaving on an
+        error or a cancellation (``abort``), or if one fails, cancel the rest uncommitted (they
+        are redelivered)."""
+        if not self._flight:
+            return
+        try:
+            if not abort:
+                await asyncio.wait({t for t, _, _ in self._flight})
+                await self._commit_done(consumer)
+        finally:
+            for task, _, _ in self._flight:
+                task.cancel()
+            await asyncio.gather(*(t for t, _, _ in self._flight), return_exceptions=True)
+            self._flight.clear()
+            self._flight_records = 0
 
     async def _linger(self, consumer: AIOKafkaConsumer, batches: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
         """More fetches onto ``batches`` until ``linger_s`` passed since the first or ``max_batch``

@@ -282,6 +282,9 @@ class RolloutWorker:
                 producer=self.producer,
                 client_id=self.worker_id,
                 max_batch=4 * self.cfg.max_concurrency,
+                # Fetch on while answering: an observation that arrives while the engine works
+                # joins its next batch, instead of waiting for its whole fetch to be answered.
+                pipeline_records=4 * self.cfg.max_concurrency,
             )
         ]
         coros = [self._heartbeats()]

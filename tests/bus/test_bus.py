@@ -333,3 +333,55 @@ async def test_a_consumer_knows_it_replayed_the_log_while_producers_keep_writing
     consumer.stop()
     await asyncio.gather(run, writer, return_exceptions=True)
     producer.close()
+
+
+async def test_a_pipelined_consumer_fetches_on_while_a_fetch_is_handled_and_commits_in_log_order(bus: BusConfig):
+    """``pipeline_records``: records that arrive while an earlier fetch is still being handled are
+    handled at once (the rollout worker's engine batches them), and offsets are committed only up
+    to the oldest fetch not finished yet."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    producer = Producer(bus)
+    release = asyncio.Event()
+    handled: list[int] = []
+
+    async def handle(batch) -> None:  # type: ignore[no-untyped-def]
+        if batch[0].offset == 0:
+            await release.wait()  # the first fetch is slow
+        handled.extend(d.offset for d in batch)
+
+    topic = bus.topics.heartbeats
+    consumer = Consumer(bus, topics=[topic], group="pipelined", batch_handler=handle, producer=producer,
+                        pipeline_records=100)
+    run = asyncio.create_task(consumer.run())
+    await consumer.started.wait()
+    await producer.send(heartbeat(0), partition=0)
+    await asyncio.sleep(1.0)  # fetched, and held by the handler
+    for i in range(1, 4):
+        await producer.send(heartbeat(i), partition=0)
+    await _until(lambda: len(handled) == 3)  # handled while offset 0 is still in hand
+
+    async def committed() -> int | None:
+        probe = AIOKafkaConsumer(**bus.aiokafka(group_id="pipelined", enable_auto_commit=False))
+        await probe.start()
+        try:
+            return await probe.committed(TopicPartition(topic, 0))
+        finally:
+            await probe.stop()
+
+    assert sorted(handled) == [1, 2, 3]
+    assert await committed() is None  # nothing before the slow fetch is done
+    release.set()
+    await _until(lambda: consumer.handled == 4)
+    assert await committed() == 4
+    consumer.stop()
+    await run
+    producer.close()
+
+
+def test_pipeline_records_needs_a_batch_handler(bus: BusConfig):
+    async def one(d) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+    with pytest.raises(ValueError, match="pipeline_records needs a batch_handler"):
+        Consumer(bus, topics=[bus.topics.heartbeats], group="g", handler=one, pipeline_records=10)
