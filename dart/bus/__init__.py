@@ -2,7 +2,14 @@
 
 from dart.bus.broker import DevBroker, broker_answers, ensure_topics, free_port, tansu_binary
 from dart.bus.config import BusConfig, BusSecurity
-from dart.bus.consumer import Consumer, Delivered, dead_letter, read_topic, stop_on_signals
+from dart.bus.consumer import (
+    SLOW_FETCH_WAIT_MS,
+    Consumer,
+    Delivered,
+    dead_letter,
+    read_topic,
+    stop_on_signals,
+)
 from dart.bus.producer import REPLY_TO_HEADER, Producer, RecordMeta
 from dart.bus.reply import ReplyInbox, reply_partition
 from dart.bus.topics import CATALOGUE, Topics, TopicSpec
@@ -10,6 +17,7 @@ from dart.bus.topics import CATALOGUE, Topics, TopicSpec
 __all__ = [
     "CATALOGUE",
     "REPLY_TO_HEADER",
+    "SLOW_FETCH_WAIT_MS",
     "BusConfig",
     "BusSecurity",
     "Consumer",

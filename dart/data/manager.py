@@ -42,6 +42,8 @@ CATCH_UP_MAX_S = 120.0
 DRAIN_IDLE_S = 1.5
 DRAIN_MAX_S = 20.0
 HORIZON_SAVE_MS = 30_000
+USAGE_LOG_S = 60.0
+"""Seconds between two data manager lines on what its store thread did."""
 """How often the curation horizon is written to the store (any saved one stays valid; a newer one
 makes a restart's first pass read less)."""
 
@@ -67,11 +69,13 @@ class DataManager:
         self.consumer = Consumer(bus, topics=bus.topics.all(), group=cfg.projection.group,
                                  raw_batch_handler=self.project, max_batch=cfg.projection.batch_rows,
                                  linger_s=cfg.projection.linger_ms / 1000,
+                                 fetch_max_wait_ms=cfg.projection.fetch_max_wait_ms,
                                  client_id=f"{cfg.worker_id}-projection")
         self.sql: SqlServer | None = None
         self.projected = 0
         self.projected_by_clickhouse = 0
         self._last_projected = time.monotonic()
+        self._usage_since = time.monotonic()
         self._stopping = asyncio.Event()
         self._drain: asyncio.Task[None] | None = None
         self._pending_requests: dict[str, int] = {}
@@ -98,7 +102,7 @@ class DataManager:
         """Write a fetch's records to the projection; returns those that do not decode (the
         consumer dead-letters them, then commits: only after this returns)."""
         done = await self.store.run(avroload.project_records, self.store.store, records, q.write_events,
-                                    self.cfg.projection.clickhouse_decode)
+                                    self.cfg.projection.clickhouse_decode, kind="project")
         self.projected += done.events
         self.projected_by_clickhouse += done.by_sql
         self._last_projected = time.monotonic()
@@ -124,7 +128,7 @@ class DataManager:
         horizon = self._horizon()
         inputs, known = await self.store.run(
             lambda: schedule_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(pending),
-                                    horizon=horizon))
+                                    horizon=horizon), kind="schedule")
         self._move_horizon(horizon, inputs.open_since_ms, pending)
         await self._save_horizon(at)
         for rid in known:
@@ -175,15 +179,24 @@ class DataManager:
 
     async def _send_requests(self, requests: Sequence[PlannedRequest], *, at_ms: int, version: int) -> None:
         s = self.cfg.scheduler
+        events = []
         for r in requests:
             sampling = Sampling(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens,
                                 seed=r.seed, frequency_penalty=s.frequency_penalty)
-            event = RolloutRequested.new(
+            events.append(RolloutRequested.new(
                 run_id=self.cfg.run_id, producer=self.cfg.worker_id, request_id=r.request_id, task_id=r.task_id,
                 group_id=r.group_id, rollout_index=r.rollout_index, group_size=r.group_size, max_steps=r.max_steps,
-                attempt=r.attempt, mode=s.mode, backend=r.backend, sampling=sampling, scheduled_at_version=version)
-            await self.producer.send(event)
-            self._pending_requests[r.request_id] = at_ms
+                attempt=r.attempt, mode=s.mode, backend=r.backend, sampling=sampling, scheduled_at_version=version))
+        # Produced in plan order, acknowledged together: one broker round trip a pass, not one a
+        # request (awaited one by one, 128 requests took seconds on a busy machine, and the env
+        # slots ran dry before the next pass).
+        results = await asyncio.gather(*(self.producer.send(e) for e in events), return_exceptions=True)
+        for r, result in zip(requests, results, strict=True):
+            if not isinstance(result, BaseException):
+                self._pending_requests[r.request_id] = at_ms
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def coupled_once(self, at_ms: int | None = None) -> RoundPlan:
         """One pass of the coupled baseline (``pipeline: coupled``): request, assemble or wait."""
@@ -237,7 +250,7 @@ class DataManager:
         at = at_ms if at_ms is not None else now_ms()
         cfg = self.cfg
         since = self._horizon().open_since_ms
-        inputs = await self.store.run(lambda: batch_inputs(self.store.store, cfg, since_ms=since))
+        inputs = await self.store.run(lambda: batch_inputs(self.store.store, cfg, since_ms=since), kind="batch")
         used = inputs.used | self._used
         plan = plan_batch(inputs.groups, used=used, pool=inputs.pool, current_version=inputs.current_version,
                           cur=cfg.curation, bat=cfg.batcher, max_attempts=cfg.scheduler.max_attempts, now_ms=at,
@@ -320,6 +333,18 @@ class DataManager:
                 tg.create_task(self._every(self.cfg.scheduler.interval_s, self.schedule_once))
             if self.cfg.batcher.enabled:
                 tg.create_task(self._every(self.cfg.batcher.interval_s, self.batch_when_ready))
+            tg.create_task(self._every(USAGE_LOG_S, self.log_usage))
+
+    async def log_usage(self) -> None:
+        """One line per minute: what the store thread did (a slow pass starves the env slots)."""
+        usage, since = self.store.take_usage(), self._usage_since
+        self._usage_since = time.monotonic()
+        if not usage or self._usage_since - since < 1.0:
+            return
+        parts = [f"{k} {int(n)}x {1000 * run / n:.0f} ms (+{1000 * wait / n:.0f} ms queued)"
+                 for k, (n, wait, run) in sorted(usage.items(), key=lambda kv: -kv[1][2])]
+        busy, span = sum(run for _, _, run in usage.values()), self._usage_since - since
+        log.info("store thread busy %.0f %% of the last %.0f s: %s", 100 * busy / span, span, "; ".join(parts))
 
     async def run(self) -> None:
         """Until ``stop()``; raises if any part fails (the others are stopped first)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -177,13 +178,34 @@ class AsyncStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dart-store")
+        self.usage: dict[str, list[float]] = {}
+        """Per kind of call (``run``'s ``kind``, else the function's name): [calls, seconds waiting
+        for the store thread, seconds running on it]; ``take_usage`` reads and resets it."""
 
     @property
     def database(self) -> str:
         return self.store.database
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    async def run(self, fn: Callable[..., T], *args: Any, kind: str | None = None) -> T:
+        queued = time.perf_counter()
+        started = queued
+
+        def timed() -> T:
+            nonlocal started
+            started = time.perf_counter()
+            return fn(*args)
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, timed)
+        finally:
+            u = self.usage.setdefault(kind or getattr(fn, "__name__", "call"), [0, 0.0, 0.0])
+            u[0] += 1
+            u[1] += started - queued
+            u[2] += time.perf_counter() - started
+
+    def take_usage(self) -> dict[str, list[float]]:
+        usage, self.usage = self.usage, {}
+        return usage
 
     async def query(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple]:
         return await self.run(self.store.query, sql, params)

@@ -177,7 +177,7 @@ class Archiver:
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "error",
-            "fetch.wait.max.ms": 100,
+            "fetch.wait.max.ms": 500,   # the durable copy may trail by half a second; a short wait polls the broker
             "fetch.message.max.bytes": self.bus.max_message_bytes,
             "logger": logging.getLogger("dart.bus.rdkafka"),
         }))

@@ -27,7 +27,7 @@ from dart.agent.actions import InvalidAction, to_wire
 from dart.agent.prompt import PromptConfig, blob_image_loader, build_messages, prompt_hash
 from dart.agent.uitars import parse_actions
 from dart.blobs import BlobStore
-from dart.bus import BusConfig, Consumer, Delivered, Producer
+from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Producer
 from dart.config import require
 from dart.errors import DartError
 from dart.events import ActionChosen, Event, ObservationEmitted, ParsedAction, WorkerHeartbeat
@@ -297,6 +297,7 @@ class RolloutWorker:
                     handler=self._on_weights,
                     producer=self.producer,
                     client_id=f"{self.worker_id}-weights",
+                    fetch_max_wait_ms=SLOW_FETCH_WAIT_MS,  # a version every several seconds
                 )
             )
             coros.append(self.follower.run())

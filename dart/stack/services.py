@@ -79,12 +79,13 @@ def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path,
         "curation": {"n_default": r.group_size, "max_steps": r.max_steps, "min_steps": min(2, r.max_steps),
                      "success_threshold": 1.0, "min_failed_steps": 0,
                      "entropy_top_fraction": r.loss.entropy_top_frac},
-        # A pass of the scheduler or the batcher is a few curation queries (~0.1-0.2 s of CPU on
-        # a busy store): every 1.5 s with twice the slots in flight keeps slots fed while the data
-        # manager leaves the CPU to the rollout worker and trainer (at 0.5 s, 1x it took ~55 %
-        # of a core on 2 cores, more than the trainer got).
+        # A pass of the scheduler or the batcher is a few curation queries (0.3-0.5 s on the store
+        # thread late in a run on 2 busy cores): every 1.5 s, with three times the slots in
+        # flight so that the slots never run dry between two passes (at 2x they did, late in a
+        # run: engine batches fell from ~20 rows to 3), while the data manager leaves the CPU to
+        # the rollout worker and trainer (at 0.5 s, 1x it took ~55 % of a core).
         "scheduler": {"temperature": r.temperature, "top_p": r.top_p, "max_new_tokens": r.max_new_tokens,
-                      "frequency_penalty": 0.0, "interval_s": 1.5, "capacity_factor": 2.0},
+                      "frequency_penalty": 0.0, "interval_s": 1.5, "capacity_factor": 3.0},
         "batcher": {"groups_per_batch": r.tasks_per_update, "interval_s": 1.5},
         "http": {"port": 0, "host": "127.0.0.1"},
     }

@@ -23,7 +23,7 @@ from dart.agent.model import load_policy
 from dart.agent.prompt import blob_image_loader
 from dart.agent.weights import write_weights
 from dart.blobs import BlobStore, open_store
-from dart.bus import BusConfig, Consumer, Delivered, Producer, stop_on_signals
+from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Producer, stop_on_signals
 from dart.events import BatchAssembled, TrainStepCompleted, WeightsPublished
 from dart.events.manifest import BatchManifest
 from dart.train.batch import Dropped, ModelBatch, micro_batches, prepare_samples, step_mask
@@ -180,8 +180,10 @@ async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
             raise TrainerHalted(f"update on batch {event.batch_id} failed ({type(exc).__name__}: {exc}); "
                                 f"restart the trainer: it resumes from {trainer.last_checkpoint}") from exc
 
+    # A batch comes every several seconds: a fetch may wait long on the broker (a short wait is a
+    # broker request 50 times a second for nothing).
     consumer = Consumer(bus, topics=[bus.topics.batches], group=cfg.group, handler=on_batch,
-                        producer=producer, client_id=cfg.worker_id)
+                        producer=producer, client_id=cfg.worker_id, fetch_max_wait_ms=SLOW_FETCH_WAIT_MS)
     stop_on_signals(consumer)
     try:
         await consumer.run()

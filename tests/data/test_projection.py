@@ -339,3 +339,31 @@ def test_a_pass_from_the_horizon_decides_what_a_whole_read_decides(store: Store)
     pooled = dataclasses.replace(cfg, curation=dataclasses.replace(cfg.curation, inject_experience=True))
     whole, _ = schedule_inputs(store, pooled, now_ms=T0 + 72_000, pending_requests=set())
     assert whole.open_since_ms == T0 + 5_000 and whole.batchable == 2      # it, and the finished "b" group
+
+
+async def test_the_store_thread_reports_calls_waits_and_run_times_per_kind(store):
+    """``AsyncStore.usage``: what the data manager logs once a minute (a slow pass starves env slots)."""
+    import asyncio
+    import time
+
+    from dart.data.store import AsyncStore
+
+    a = AsyncStore(store)
+
+    def slow() -> int:
+        time.sleep(0.2)
+        return 1
+
+    try:
+        results = await asyncio.gather(a.run(slow, kind="schedule"), a.run(slow, kind="schedule"),
+                                       a.run(store.query, "SELECT 1"))
+        assert results[:2] == [1, 1] and results[2] == [(1,)]
+        usage = a.take_usage()
+        assert set(usage) == {"schedule", "query"}
+        calls, waited, ran = usage["schedule"]
+        assert calls == 2 and 0.39 <= ran < 1.0
+        assert waited >= 0.19  # one thread: the second call waited for the first
+        assert usage["query"][1] >= 0.39  # and the query for both
+        assert a.take_usage() == {}
+    finally:
+        a.close()
