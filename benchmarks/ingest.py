@@ -31,7 +31,7 @@ from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
 from dart.data import avroload
 from dart.data import projection as q
 from dart.data.config import BatcherConfig, DataConfig, HttpConfig, ProjectionConfig, SchedulerConfig
-from dart.data.decide import LATE_MS, Horizon, batch_inputs, schedule_inputs
+from dart.data.decide import LATE_MS, Horizon, SlowStats, batch_inputs, schedule_inputs
 from dart.data.manager import DataManager
 from dart.data.replay import compare, format_checks
 from dart.data.rows import TABLES, group_rows
@@ -264,6 +264,16 @@ def query_latencies(store: Store, steps: int) -> list[tuple[str, float]]:
         horizon = Horizon(open_since_ms=since, lengths_read_ms=now)
         schedule_inputs(store, cfg, now_ms=now, pending_requests=set(), horizon=horizon)
 
+    # most passes: success rates, lengths and the pool kept from a pass less than stats_every_s ago
+    kept_stats = SlowStats(every_ms=10**12)
+    schedule_inputs(store, cfg, now_ms=now, pending_requests=set(), horizon=Horizon(open_since_ms=since),
+                    slow=kept_stats)
+    batch_inputs(store, cfg, since_ms=since, now_ms=now, slow=kept_stats)
+
+    def kept_stats_pass() -> None:
+        horizon = Horizon(open_since_ms=since, lengths_read_ms=now)
+        schedule_inputs(store, cfg, now_ms=now, pending_requests=set(), horizon=horizon, slow=kept_stats)
+
     # what a data manager saves every 30 s, and what the next one starts from
     kept = Horizon(open_since_ms=since)
     schedule_inputs(store, cfg, now_ms=now, pending_requests=set(), horizon=kept)
@@ -290,9 +300,12 @@ def query_latencies(store: Store, steps: int) -> list[tuple[str, float]]:
         ("scheduler pass, first after a start", timed(lambda: schedule_inputs(
             store, cfg, now_ms=now, pending_requests=set()))),
         ("scheduler pass, later (from the horizon)", timed(steady_pass)),
+        ("scheduler pass, later, statistics kept", timed(kept_stats_pass)),
         ("scheduler pass, first after a restart", timed(restarted_pass)),
         ("batcher pass, first after a start", timed(lambda: batch_inputs(store, cfg))),
         ("batcher pass, later (from the horizon)", timed(lambda: batch_inputs(store, cfg, since_ms=since))),
+        ("batcher pass, later, pool kept", timed(lambda: batch_inputs(store, cfg, since_ms=since, now_ms=now,
+                                                                      slow=kept_stats))),
     ]
 
 

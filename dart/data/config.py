@@ -156,6 +156,10 @@ class SchedulerConfig:
     requeue_infra_errors: bool = False
     """Re-request infra_error rollouts from here. Off: dart's env workers re-queue them
     themselves (attempt + 1); turn on only for env workers that do not."""
+    stats_every_s: float = 10.0
+    """Success rates, longest successes and the experience pool are read again this often (and
+    when the policy version moves); the in-flight count, open groups and load on every pass.
+    0: every pass."""
     mode: str = "train"
     """Mode stamped on requests (train | eval)."""
     split: str = "train"
@@ -168,6 +172,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         require(self.interval_s > 0, "interval_s", f"must be > 0, got {self.interval_s}")
         require(self.capacity is None or self.capacity >= 0, "capacity", f"must be >= 0, got {self.capacity}")
+        require(self.stats_every_s >= 0, "stats_every_s", f"must be >= 0, got {self.stats_every_s}")
         require(self.capacity_factor >= 1.0, "capacity_factor", f"must be >= 1, got {self.capacity_factor}")
         require(self.groups_per_task >= 1, "groups_per_task", f"must be >= 1, got {self.groups_per_task}")
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1, got {self.max_attempts}")

@@ -82,6 +82,32 @@ class Horizon:
         return {task: [n] for task, n in self.lengths.items()}
 
 
+@dataclass(slots=True)
+class SlowStats:
+    """Per-task numbers that move slowly, kept between passes and read again only every
+    ``every_ms`` (or when the policy version moved): the success rates over the recent window,
+    the longest successes (``Horizon.lengths``) and the experience pool. On a finished 17-minute
+    run's store the first two were ~130 of a scheduler pass's ~190 ms and the pool ~70 ms of a
+    batcher pass, and passes run every second; a rate 10 s old picks the same group sizes and
+    step caps.
+
+    ``every_ms=0`` reads them on every pass (a fresh ``SlowStats`` always reads)."""
+
+    every_ms: int = 0
+    rates: dict[str, float] | None = None
+    rates_ms: int = 0
+    rates_version: int = -1
+    pool: dict | None = None
+    pool_ms: int = 0
+
+    def rates_due(self, now_ms: int, version: int) -> bool:
+        return (self.rates is None or version != self.rates_version
+                or now_ms - self.rates_ms >= self.every_ms)
+
+    def pool_due(self, now_ms: int) -> bool:
+        return self.pool is None or now_ms - self.pool_ms >= self.every_ms
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleInputs:
     tasks: list[TaskState]
@@ -95,21 +121,27 @@ class ScheduleInputs:
 
 
 def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_requests: set[str],
-                    horizon: Horizon | None = None) -> tuple[ScheduleInputs, set[str]]:
+                    horizon: Horizon | None = None, slow: SlowStats | None = None) -> tuple[ScheduleInputs, set[str]]:
     """What the scheduler needs now, and which of ``pending_requests`` the projection already holds.
 
     ``horizon``: what earlier passes learned (None: read the whole run). Updated in place, but for
     ``open_since_ms``, which the caller moves (it knows the requests sent and not projected yet).
+    ``slow``: success rates and lengths kept from an earlier pass (None: read them now).
     """
     sched, cur = cfg.scheduler, cfg.curation
     horizon = horizon if horizon is not None else Horizon()
+    slow = slow if slow is not None else SlowStats()
     current = q.current_version(store)
-    rates = success_rates(
-        q.recent_outcomes(store, mode=sched.mode, oldest_version=current - cur.window_versions, window=cur.window),
-        current_version=current, cfg=cur,
-    )
-    lengths = horizon.success_lengths(store, threshold=cur.success_threshold, now_ms=now_ms,
-                                      online_only=cur.lengths_from == "online")
+    if slow.rates_due(now_ms, current) or horizon.lengths_read_ms is None:
+        slow.rates = success_rates(
+            q.recent_outcomes(store, mode=sched.mode, oldest_version=current - cur.window_versions, window=cur.window),
+            current_version=current, cfg=cur,
+        )
+        horizon.success_lengths(store, threshold=cur.success_threshold, now_ms=now_ms,
+                                online_only=cur.lengths_from == "online")
+        slow.rates_ms, slow.rates_version = now_ms, current
+    rates = slow.rates
+    lengths = {task: [n] for task, n in horizon.lengths.items()}
     since = horizon.open_since_ms
     groups, requested, templates = q.open_groups(store, mode=sched.mode, since_ms=since)
     timeout_s = cfg.batcher.group_timeout_s
@@ -160,11 +192,20 @@ class BatchInputs:
     current_version: int
 
 
-def batch_inputs(store: Store, cfg: DataConfig, *, since_ms: int = 0) -> BatchInputs:
-    """What the batcher needs now; ``since_ms``: ``Horizon.open_since_ms`` (0: the whole run)."""
+def batch_inputs(store: Store, cfg: DataConfig, *, since_ms: int = 0, now_ms: int = 0,
+                 slow: SlowStats | None = None) -> BatchInputs:
+    """What the batcher needs now; ``since_ms``: ``Horizon.open_since_ms`` (0: the whole run);
+    ``slow``: the experience pool kept from an earlier pass (None: read it now)."""
     groups, _, _ = q.open_groups(store, mode=cfg.scheduler.mode, since_ms=since_ms)
     used, last_seq = q.used_rollouts(store, since_ms)
-    pool = q.experience_pool(store, threshold=cfg.curation.success_threshold) if cfg.curation.inject_experience else {}
+    slow = slow if slow is not None else SlowStats()
+    if not cfg.curation.inject_experience:
+        pool: dict = {}
+    elif slow.pool_due(now_ms):
+        pool = slow.pool = q.experience_pool(store, threshold=cfg.curation.success_threshold)
+        slow.pool_ms = now_ms
+    else:
+        pool = slow.pool or {}
     return BatchInputs(groups, used, last_seq, pool, q.current_version(store))
 
 
@@ -175,10 +216,12 @@ def live_rollout_workers(beats: list[Beat], *, now_ms: int, ttl_s: float) -> lis
 
 
 def round_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_requests: set[str],
-                 horizon: Horizon | None = None) -> tuple[RoundState, list[TaskState], set[str], int]:
+                 horizon: Horizon | None = None,
+                 slow: SlowStats | None = None) -> tuple[RoundState, list[TaskState], set[str], int]:
     """What the coupled planner needs now (``dart.data.coupled``), the tasks, the known requests
     and the next ``Horizon.open_since_ms``."""
-    inputs, known = schedule_inputs(store, cfg, now_ms=now_ms, pending_requests=pending_requests, horizon=horizon)
+    inputs, known = schedule_inputs(store, cfg, now_ms=now_ms, pending_requests=pending_requests, horizon=horizon,
+                                    slow=slow)
     last = q.last_batch(store)
     workers = live_rollout_workers(q.heartbeats(store), now_ms=now_ms, ttl_s=cfg.scheduler.heartbeat_ttl_s)
     state = RoundState(

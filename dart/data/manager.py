@@ -25,7 +25,7 @@ from dart.data import projection as q
 from dart.data.batcher import build_manifest, plan_batch
 from dart.data.config import DataConfig
 from dart.data.coupled import RoundPlan, plan_round
-from dart.data.decide import Horizon, batch_inputs, round_inputs, schedule_inputs
+from dart.data.decide import Horizon, SlowStats, batch_inputs, round_inputs, schedule_inputs
 from dart.data.http import SqlServer, Writer
 from dart.data.scheduler import Plan, PlannedRequest, plan_requests
 from dart.data.store import AsyncStore, Store, http_file
@@ -84,6 +84,8 @@ class DataManager:
         # The horizon the store kept from an earlier process (None: a new or rebuilt store); saved
         # every HORIZON_SAVE_MS, so the first pass after a restart does not read the whole run.
         self._restored: Horizon | None = None
+        # Success rates, success lengths and the experience pool: read again every stats_every_s.
+        self.slow = SlowStats(every_ms=int(cfg.scheduler.stats_every_s * 1000))
         self._horizon_saved_ms = 0
         # Batches this process emitted (the log scan at start covers earlier processes).
         self._used: set[str] = set()
@@ -128,7 +130,7 @@ class DataManager:
         horizon = self._horizon()
         inputs, known = await self.store.run(
             lambda: schedule_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(pending),
-                                    horizon=horizon), kind="schedule")
+                                    horizon=horizon, slow=self.slow), kind="schedule")
         self._move_horizon(horizon, inputs.open_since_ms, pending)
         await self._save_horizon(at)
         for rid in known:
@@ -206,7 +208,7 @@ class DataManager:
         horizon = self._horizon()
         state, tasks, known, open_since = await self.store.run(
             lambda: round_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(pending),
-                                 horizon=horizon))
+                                 horizon=horizon, slow=self.slow))
         self._move_horizon(horizon, open_since, pending)
         await self._save_horizon(at)
         for rid in known:
@@ -250,7 +252,8 @@ class DataManager:
         at = at_ms if at_ms is not None else now_ms()
         cfg = self.cfg
         since = self._horizon().open_since_ms
-        inputs = await self.store.run(lambda: batch_inputs(self.store.store, cfg, since_ms=since), kind="batch")
+        inputs = await self.store.run(lambda: batch_inputs(self.store.store, cfg, since_ms=since, now_ms=at,
+                                                           slow=self.slow), kind="batch")
         used = inputs.used | self._used
         plan = plan_batch(inputs.groups, used=used, pool=inputs.pool, current_version=inputs.current_version,
                           cur=cfg.curation, bat=cfg.batcher, max_attempts=cfg.scheduler.max_attempts, now_ms=at,

@@ -341,6 +341,46 @@ def test_a_pass_from_the_horizon_decides_what_a_whole_read_decides(store: Store)
     assert whole.open_since_ms == T0 + 5_000 and whole.batchable == 2      # it, and the finished "b" group
 
 
+def test_rates_lengths_and_the_pool_are_read_again_every_stats_every_s_or_on_a_new_version(store: Store) -> None:
+    """``SlowStats``: the three slow queries of a pass (two thirds of its time) run every
+    ``scheduler.stats_every_s`` or when the policy version moves; in between a pass decides on
+    the numbers it kept. A fresh ``SlowStats`` (``every_ms=0``) reads on every pass."""
+    from dart.data.config import CurationConfig, DataConfig, SchedulerConfig
+    from dart.data.decide import Horizon, SlowStats, batch_inputs, schedule_inputs
+    from tests.data.factories import weights
+
+    cfg = DataConfig(scheduler=SchedulerConfig(capacity=16, stats_every_s=10.0),
+                     curation=CurationConfig(min_failed_steps=0, staleness_bound=100, max_steps=30, steps_slack=1.5))
+    first, _ = group("a", [1.0, 0.0], t=T0, steps=4)
+    q.write_events(store, [task("a"), *first])
+    slow, horizon = SlowStats(every_ms=10_000), Horizon()
+
+    def rates_caps(now: int, kept: SlowStats | None) -> tuple[dict, dict]:
+        inputs, _ = schedule_inputs(store, cfg, now_ms=now, pending_requests=set(), horizon=horizon, slow=kept)
+        return ({t.task_id: t.success_rate for t in inputs.tasks}, {t.task_id: t.max_steps for t in inputs.tasks})
+
+    assert rates_caps(T0 + 60_000, slow) == ({"a": 0.5}, {"a": 6})
+    second, _ = group("a", [1.0, 1.0], t=T0 + 61_000, steps=8)
+    q.write_events(store, second)
+    assert rates_caps(T0 + 65_000, slow) == ({"a": 0.5}, {"a": 6})           # kept: 5 s old
+    assert rates_caps(T0 + 65_000, None) == ({"a": 0.75}, {"a": 12})         # what a read says now
+    assert rates_caps(T0 + 70_000, slow) == ({"a": 0.75}, {"a": 12})         # 10 s: read again
+    third, _ = group("a", [0.0, 0.0], t=T0 + 71_000, steps=8)
+    q.write_events(store, [*third, weights(1, None, t=T0 + 71_500)])
+    assert rates_caps(T0 + 72_000, slow) == rates_caps(T0 + 72_000, None)    # a new version: read again
+    assert slow.rates_version == 1 and slow.rates_ms == T0 + 72_000
+    # the experience pool, the batcher's slow read, the same way
+    pooled = DataConfig(curation=CurationConfig(inject_experience=True))
+    assert batch_inputs(store, pooled, now_ms=T0 + 80_000, slow=slow).pool == {}
+    q.write_events(store, Traj("a", "xp-a", reward=1.0, steps=3, status="success", origin="oracle",
+                               mode="experience").events())
+    assert batch_inputs(store, pooled, now_ms=T0 + 85_000, slow=slow).pool == {}
+    assert list(batch_inputs(store, pooled, now_ms=T0 + 85_000).pool) == ["a"]
+    assert list(batch_inputs(store, pooled, now_ms=T0 + 90_000, slow=slow).pool) == ["a"]
+    with pytest.raises(ConfigError, match="stats_every_s"):
+        SchedulerConfig(stats_every_s=-1)
+
+
 async def test_the_store_thread_reports_calls_waits_and_run_times_per_kind(store):
     """``AsyncStore.usage``: what the data manager logs once a minute (a slow pass starves env slots)."""
     import asyncio
