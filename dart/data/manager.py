@@ -279,7 +279,9 @@ class DataManager:
         if await self.store.run(q.batch_exists, self.store.store, manifest.batch_id, online):
             log.warning("batch %s (or one of its rollouts) is already on the log; not emitting it", manifest.batch_id)
             return None
-        versions = [s.policy_version for s in manifest.samples] or [0]
+        # Staleness is the policy's: an experience-pool sample (an oracle's or an earlier run's) has
+        # no version of this run's policy (it is stamped 0) and would read as "trained v36 on v0".
+        versions = [s.policy_version for s in manifest.samples if s.origin == "online"] or [0]
         event = BatchAssembled.new(
             run_id=cfg.run_id, producer=cfg.worker_id, batch_id=manifest.batch_id, seq=seq, manifest_digest=digest,
             manifest_bytes=len(data), num_samples=len(manifest.samples), num_groups=len(plan.verdicts),

@@ -41,7 +41,9 @@ FROM heartbeats FINAL GROUP BY role, t ORDER BY role, t"""
 STALENESS = """
 SELECT b.trainer_version - a.policy_version AS lag, count() AS steps
 FROM (SELECT trainer_version, arrayJoin(rollout_ids) AS rollout_id FROM batches FINAL) AS b
-INNER JOIN (SELECT rollout_id, policy_version FROM actions FINAL) AS a ON a.rollout_id = b.rollout_id
+INNER JOIN (SELECT rollout_id, policy_version FROM actions FINAL
+            WHERE rollout_id IN (SELECT rollout_id FROM trajectories WHERE origin = 'online')) AS a
+    ON a.rollout_id = b.rollout_id
 GROUP BY lag ORDER BY lag"""
 
 

@@ -233,8 +233,8 @@ async def test_experience_on_the_log_rescues_an_all_fail_group(
     from dart.data.experience import load_experience
 
     now = int(time.time() * 1000)
-    all_fail, _ = group("hard", [0.0, 0.0, 0.0], t=now)
-    mixed, _ = group("easy", [1.0, 0.0], t=now + 1)
+    all_fail, _ = group("hard", [0.0, 0.0, 0.0], t=now, version=3)
+    mixed, _ = group("easy", [1.0, 0.0], t=now + 1, version=3)
     xp_file = tmp_path / "xp.jsonl"
     xp_file.write_text(json.dumps({"task_id": "hard", "instruction": "do hard", "steps": [
         {"screenshot_digest": "a" * 64, "response_text": "Action: finished()", "response_token_ids": [9]}]}))
@@ -263,6 +263,8 @@ async def test_experience_on_the_log_rescues_an_all_fail_group(
     assert len(injected) == 1 and injected[0].sft and injected[0].reward == 1.0
     assert injected[0].group_id == all_fail[0].group_id       # trained as part of the failing group
     assert injected[0].context.screenshot_digest == "a" * 64
+    # the batch's staleness is its policy samples': the pool's sample has no policy version (0)
+    assert injected[0].policy_version == 0 and (b.min_policy_version, b.max_policy_version) == (3, 3)
 
 
 async def test_clickhouse_projects_the_log_and_malformed_records_still_reach_the_dlq(

@@ -381,6 +381,28 @@ def test_rates_lengths_and_the_pool_are_read_again_every_stats_every_s_or_on_a_n
         SchedulerConfig(stats_every_s=-1)
 
 
+def test_the_report_counts_staleness_over_the_policy_s_own_steps(store: Store, chdb_path) -> None:
+    """An experience-pool trajectory in a batch has no policy version of this run (stamped 0):
+    counted, a chain run that trained v36 read "staleness mean 13 max 36" with every online
+    sample one or two versions old."""
+    import clickhouse_connect
+
+    from dart.data.report import STALENESS, build_report
+    from dart.events import BatchAssembled
+
+    online, trajs = group("a", [1.0, 0.0], version=4, steps=2)
+    oracle = Traj("a", "xp-a", reward=1.0, steps=3, status="success", origin="oracle", mode="experience")
+    batch = BatchAssembled(
+        event_id="b1", event_time=T0 + 1_000, run_id="r", producer="dm", batch_id="b-1", seq=0,
+        manifest_digest="f" * 64, manifest_bytes=1, num_samples=7, num_groups=1, num_trajectories=3,
+        rollout_ids=[*(t.rollout_id for t in trajs), oracle.rollout_id], task_ids=["a"], min_policy_version=4,
+        max_policy_version=4, trainer_version=5)
+    q.write_events(store, [task("a"), *online, *oracle.events(), batch])
+    client = clickhouse_connect.get_client(dsn=f"chdb://{chdb_path}", database=store.database)   # as `dart report`
+    assert client.query(STALENESS).result_rows == [(1, 4)]          # 2 rollouts x 2 steps, one version old
+    assert build_report(lambda sql: client.query(sql).result_rows).staleness == [(1, 4)]
+
+
 async def test_the_store_thread_reports_calls_waits_and_run_times_per_kind(store):
     """``AsyncStore.usage``: what the data manager logs once a minute (a slow pass starves env slots)."""
     import asyncio
