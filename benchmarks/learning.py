@@ -263,7 +263,8 @@ def main() -> int:
     print(text)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = (f"# {tag}: `benchmarks/learning.py --config {args.config.relative_to(REPO) if args.config.is_absolute() else args.config}"
-              f"{' --ablate' if args.ablate else ''}{' --stress' if args.stress else ''} --seeds "
+              f"{' --ablate' if args.ablate else ''}{' --variants ' + ' '.join(args.variants) if args.variants else ''}"
+              f"{' --stress' if args.stress else ''} --seeds "
               f"{' '.join(map(str, args.seeds))}`\n\n{stamp}, 2-core CPU machine, no GPU; held-out success over "
               f"{base.recipe.eval_episodes} greedy episodes per number.\n\n")
     for folder in (args.out / tag, REPO / "benchmarks" / "results"):
