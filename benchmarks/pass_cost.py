@@ -13,28 +13,18 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ingest import timed as median_ms  # noqa: E402  (benchmarks/ingest.py: median ms of repeated calls)
+
 from dart.data.config import CurationConfig, DataConfig  # noqa: E402
 from dart.data.decide import Horizon, SlowStats, batch_inputs, schedule_inputs  # noqa: E402
 from dart.data.store import Store  # noqa: E402
-
-
-def median_ms(fn: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
 
 
 def main() -> None:
