@@ -403,13 +403,20 @@ async def play_twice(desktop, task, plan: list[Action | Focused]) -> tuple[float
     for attempt in (1, 2):
         try:
             await desktop.reset(task)
+            focus = None
             for step in plan:
                 if isinstance(step, Focused):
-                    await wait_for_focus(desktop, step.name, timeout_s=CFG.app_timeout_s)
-                else:
-                    await desktop.step(step)
+                    focus = step.name
+                    await wait_for_focus(desktop, focus, timeout_s=CFG.app_timeout_s)
+                    continue
+                if isinstance(step, Type) and focus is not None:
+                    # An app still starting can take the focus back (Thunderbird, when its
+                    # account's server does not answer): each piece of text goes to the window
+                    # the plan waited for, raised again if need be.
+                    await wait_for_focus(desktop, focus, timeout_s=CFG.app_timeout_s)
+                await desktop.step(step)
             if any(isinstance(a, Type) and DONE in a.content for a in plan):
-                await wait_for_file(desktop.home / DONE, timeout_s=60.0)
+                await wait_for_file(desktop.home / DONE, timeout_s=CFG.app_timeout_s)
             score, details = await desktop.evaluate(task, final_action=Finished())
         except EnvError as exc:
             if attempt == 2:
@@ -444,7 +451,11 @@ async def wait_for_focus(desktop, name: str, *, timeout_s: float) -> None:
             raised_at = loop.time()
             await xdotool("search", "--onlyvisible", "--name", name, "windowactivate")
         await asyncio.sleep(0.2)
-    raise EnvError(f"no window named like {name!r} took the focus in {timeout_s:.0f} s")
+    focused = (await xdotool("getactivewindow", "getwindowname")).strip()
+    shown = [(await xdotool("getwindowname", w)).strip()
+             for w in (await xdotool("search", "--onlyvisible", "--name", ".")).split()]
+    raise EnvError(f"no window named like {name!r} took the focus in {timeout_s:.0f} s "
+                   f"(focused: {focused!r}; shown: {shown})")
 
 
 async def wait_for_file(path: Path, *, timeout_s: float) -> None:

@@ -90,6 +90,34 @@ async def test_reset_restores_the_start_state(desktop):
     assert (await desktop.evaluate(task, final_action=None))[0] == 0.0
 
 
+async def test_a_terminal_the_agent_opened_and_what_runs_in_it_end_with_the_episode(desktop):
+    """Ctrl+Alt+T's terminal is the window manager's child, not an app the setup launched: a
+    reset must close it all the same (it would be the next episode's start state otherwise, and a
+    stale terminal takes the keys meant for the new one)."""
+    import subprocess
+
+    def windows(name: str) -> list[str]:
+        return subprocess.run(["xdotool", "search", "--onlyvisible", "--name", name], env=desktop.display.env,
+                              capture_output=True, text=True).stdout.split()
+
+    task = _task("xdesktop-mousepad-hello")
+    await desktop.reset(task)
+    await desktop.step(Hotkey(keys=("ctrl", "alt", "t")))
+    await desktop.display.wait_window("xterm", 30.0)
+    await desktop.step(Type(content="sleep 1234.5 &\n"))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15.0
+    sleeper = ""
+    while not sleeper and loop.time() < deadline:
+        sleeper = subprocess.run(["pgrep", "-f", "sleep 1234.5"], capture_output=True, text=True).stdout.strip()
+        await asyncio.sleep(0.1)
+    assert sleeper, "the terminal did not run the command"
+    await desktop.reset(task)
+    assert windows("xterm") == []
+    assert windows("notes.txt")  # the task's own app is back
+    assert subprocess.run(["pgrep", "-f", "sleep 1234.5"], capture_output=True).returncode == 1
+
+
 @pytest.mark.kafka
 async def test_worker_solves_every_shipped_task_with_reward_one(bus, blobs, kit):
     bus = kit.fast_bus(bus)

@@ -114,9 +114,12 @@ class XDisplay:
         return proc
 
     async def kill_apps(self, grace_s: float = 2.0) -> None:
-        """Stop every launched app and its children (SIGTERM, then SIGKILL after ``grace_s``)."""
+        """Stop every launched app and its children (SIGTERM, then SIGKILL after ``grace_s``),
+        and what the window manager started for the user (the terminals Ctrl+Alt+T opened, and
+        what runs in them): those are the agent's, and must not outlive its episode."""
         apps, self._apps = self._apps, []
-        await asyncio.gather(*(_stop_group(p, grace_s) for p in apps))
+        wm_children = _descendants(self._wm.pid) if self._wm is not None and self._wm.poll() is None else []
+        await asyncio.gather(*(_stop_group(p, grace_s) for p in apps), _stop_pids(wm_children, grace_s))
 
     def alive(self) -> bool:
         return (
@@ -206,6 +209,55 @@ async def _stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
         await asyncio.wait_for(asyncio.to_thread(proc.wait), grace_s)
     _kill_group(proc.pid, signal.SIGKILL)
     await asyncio.to_thread(proc.wait)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every living process under ``pid`` (children first-level first), from /proc."""
+    parent: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'
+        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        parent.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(parent.get(pid, []))
+    while todo:
+        child = todo.pop(0)
+        out.append(child)
+        todo.extend(parent.get(child, []))
+    return out
+
+
+async def _stop_pids(pids: list[int], grace_s: float) -> None:
+    """SIGTERM to each of ``pids``, SIGKILL to those still there after ``grace_s``."""
+    if not pids:
+        return
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while loop.time() < deadline and any(_alive(p) for p in pids):
+        await asyncio.sleep(0.05)
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Not yet reaped and not a zombie (the window manager reaps its children when it gets to it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] != b"Z"
 
 
 def _kill_group(pid: int, sig: int) -> None:
