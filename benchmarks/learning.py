@@ -22,7 +22,9 @@ episodes would be another, easier or harder, subset of tasks). Output: a markdow
 table (mean +- spread of the held-out gain per variant) and a PNG, in ``--out`` and in
 ``benchmarks/results/`` (``learning_<name>.md|png|json``).
 
-Knobs turned off (relative to the config as given):
+Variants: ``preset`` is the config as given; ``full`` is full DART, every knob below on (the
+``chain`` preset runs without the experience pool, which hurt there: ``full`` puts it back);
+each knob's variant is ``full`` with that one knob turned off:
 
 - ``no_experience``: no oracle trajectories in the pool, no injection into all-fail groups;
 - ``no_dynamic_rollouts``: every task gets ``group_size`` rollouts (DART: fewer for easy tasks);
@@ -57,8 +59,18 @@ KNOBS = ("no_experience", "no_dynamic_rollouts", "no_dynamic_length", "no_entrop
          "no_clip_higher")
 
 
+FULL_EXPERIENCE_TASKS = 400
+"""``full``'s experience pool where the config has none: oracle solutions of up to this many
+training tasks (the chain preset's 400: all of them)."""
+
+
 def variant_overrides(name: str, base: StackConfig) -> dict[str, Any]:
-    """The config mapping that turns one knob off (``full``: nothing)."""
+    """The config mapping for one variant: ``preset`` nothing, ``full`` every DART knob on, a
+    knob's name ``full`` with that knob off."""
+    if name == "preset":
+        return {}
+    full: dict[str, Any] = {"data": {"options": {"curation": {"inject_experience": True, "adaptive_max_steps": True}}},
+                            "experience_tasks": base.experience_tasks or FULL_EXPERIENCE_TASKS}
     r = base.recipe
     curation = {
         "no_experience": {"inject_experience": False},
@@ -71,15 +83,15 @@ def variant_overrides(name: str, base: StackConfig) -> dict[str, Any]:
         "no_clip_higher": {"eps_high": r.loss.eps_low},
     }
     if name == "full":
-        return {}
+        return full
     if name in curation:
-        out: dict[str, Any] = {"data": {"options": {"curation": curation[name]}}}
+        out: dict[str, Any] = deep_merge(full, {"data": {"options": {"curation": curation[name]}}})
         if name == "no_experience":
             out["experience_tasks"] = 0
         return out
     if name in loss:
-        return {"recipe": {"loss": loss[name]}}
-    raise SystemExit(f"unknown variant {name!r} (known: full, {', '.join(KNOBS)})")
+        return deep_merge(full, {"recipe": {"loss": loss[name]}})
+    raise SystemExit(f"unknown variant {name!r} (known: preset, full, {', '.join(KNOBS)})")
 
 
 def cpu_hog() -> subprocess.Popen:
@@ -210,7 +222,8 @@ def main() -> int:
     p.add_argument("--config", type=Path, default=REPO / "configs" / "synthetic.yaml")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--ablate", action="store_true", help="full dart and each knob off in turn")
-    p.add_argument("--variants", nargs="+", help="only these variants (full, " + ", ".join(KNOBS) + ")")
+    p.add_argument("--variants", nargs="+",
+                   help="only these variants (preset: the config as given; full: every knob on; " + ", ".join(KNOBS) + ")")
     p.add_argument("--stress", action="store_true", help="a CPU-heavy process on one core beside every run")
     p.add_argument("--max-updates", type=int, help="override the config's update budget")
     p.add_argument("--curve-points", type=int, default=4, help="evaluated moments per run (warm start included)")
@@ -219,8 +232,8 @@ def main() -> int:
                         "same tasks as the end points; fewer is faster but another subset of tasks)")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "learning")
     p.add_argument("--warm-from", type=Path,
-                   help="start seed N from the warm start in DIR/full-sN/warm where an earlier run left one "
-                        "(SFT is deterministic per seed: this skips repeating it)")
+                   help="start seed N from the warm start in DIR/<variant>-sN/warm where an earlier run left one "
+                        "(SFT is deterministic per seed on one machine, not across machines: this skips repeating it)")
     p.add_argument("--name", help="name of the result files (default: the config's name, +ablate, +stress)")
     args = p.parse_args()
 
@@ -228,13 +241,14 @@ def main() -> int:
     if args.max_updates is not None:
         raw["max_updates"] = args.max_updates
     base = build(StackConfig, raw)
-    names = args.variants or (["full", *KNOBS] if args.ablate else ["full"])
+    names = args.variants or (["full", *KNOBS] if args.ablate else ["preset"])
     tag = args.name or args.config.stem + ("-ablate" if args.ablate else "") + ("-stress" if args.stress else "")
     results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for seed in args.seeds:
         warm: str | None = None
-        if args.warm_from is not None and (args.warm_from / f"full-s{seed}" / "warm" / "config.json").exists():
-            warm = str((args.warm_from / f"full-s{seed}" / "warm").resolve())
+        if args.warm_from is not None:
+            found = sorted(args.warm_from.glob(f"*-s{seed}/warm/config.json"))
+            warm = str(found[0].parent.resolve()) if found else None
         for name in names:
             workdir = (args.out / tag / f"{name}-s{seed}").resolve()
             config = deep_merge(deep_merge(raw, variant_overrides(name, base)), {"recipe": {"seed": seed}})

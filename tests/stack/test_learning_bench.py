@@ -34,7 +34,7 @@ def built(name: str, tmp_path: Path) -> tuple[StackConfig, dict]:
     return cfg, sections
 
 
-@pytest.mark.parametrize("name", ["full", *bench.KNOBS])
+@pytest.mark.parametrize("name", ["preset", "full", *bench.KNOBS])
 def test_each_variant_changes_only_its_knob(name, tmp_path):
     cfg, sections = built(name, tmp_path)
     curation = sections["data-manager"]["data"]["curation"]
@@ -47,7 +47,11 @@ def test_each_variant_changes_only_its_knob(name, tmp_path):
         "no_tis": loss["tis"] == "off",
         "no_clip_higher": loss["eps_high"] == loss["eps_low"] == 0.1,
     }
-    assert {k for k, off in knobs.items() if off} == ({name} if name != "full" else set())
+    # the chain preset itself runs without the experience pool; full dart puts it back
+    expected = {"preset": {"no_experience"}, "full": set()}.get(name, {name})
+    assert {k for k, off in knobs.items() if off} == expected
+    if name not in ("preset", "no_experience"):
+        assert cfg.experience_tasks == bench.FULL_EXPERIENCE_TASKS and curation["inject_experience"] is True
     # the rest of the recipe is the config's own: the loss keeps KL off and halved negatives
     assert loss["kl_coef"] == 0.0 and loss["negative_scale"] == 0.5
     assert cfg.recipe.preset == "chain" and cfg.max_updates == 40
