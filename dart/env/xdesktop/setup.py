@@ -102,6 +102,7 @@ _OFFICE_SETTINGS = """<?xml version="1.0" encoding="UTF-8"?>
 <item oor:path="/org.openoffice.Office.Common/Save/Document"><prop oor:name="WarnAlienFormat" oor:op="fuse"><value>false</value></prop></item>
 <item oor:path="/org.openoffice.Office.Common/Misc"><prop oor:name="ShowTipOfTheDay" oor:op="fuse"><value>false</value></prop></item>
 <item oor:path="/org.openoffice.Office.Common/Misc"><prop oor:name="FirstRun" oor:op="fuse"><value>false</value></prop></item>
+<item oor:path="/org.openoffice.Office.Impress/Misc"><prop oor:name="StartWithTemplate" oor:op="fuse"><value>false</value></prop></item>
 </oor:items>
 """
 
@@ -113,7 +114,9 @@ OFFICE_HOME_PROFILE = ".config/libreoffice/4"
 
 def seed_office_profile(profile: Path, *, fresh_settings: bool = False) -> None:
     """A new LibreOffice profile that saves .xlsx without the 'Keep current format?' dialog
-    (a dialog whose timing made scripted saves flaky under load) and shows no tip of the day.
+    (a dialog whose timing made scripted saves flaky under load), shows no tip of the day, and
+    starts Impress on its slide, not in the modal 'Select a Template' dialog (which held the
+    focus from the main window for minutes in a CI run).
     ``fresh_settings``: put those settings back even where the profile has some (a reset: what
     the previous task's agent set must not leak into the next task)."""
     settings = profile / "user" / "registrymodifications.xcu"
