@@ -488,6 +488,10 @@ FLAKY = {
     # Ctrl+Shift+T must reopen the tab the setup closed; Chromium sometimes has no closed-tab
     # session to restore when the slot's profile was used before. Known, not yet understood.
     "chrome/06fe7178-4491-4589-810f-2e2bc9502122": "Chromium's closed-tab restore is unreliable on a reused profile",
+    # Under CI load Impress sometimes opens in its modal 'Select a Template' dialog, which keeps
+    # the focus from the main window; the profile's StartWithTemplate=false did not stop it in
+    # one CI run (2026-11-26). Known, not yet fixed.
+    "libreoffice_impress/2cd43775-7085-45d8-89fa-9e35c0a915cf": "Impress's template picker can hold the focus under load",
 }
 
 
