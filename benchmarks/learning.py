@@ -24,7 +24,8 @@ table (mean +- spread of the held-out gain per variant) and a PNG, in ``--out`` 
 
 Variants: ``preset`` is the config as given; ``full`` is full DART, every knob below on (the
 ``chain`` preset runs without the experience pool, which hurt there: ``full`` puts it back);
-each knob's variant is ``full`` with that one knob turned off:
+each knob's variant is ``full`` with that one knob turned off (``--base preset``: the config as
+given with that one knob turned off, i.e. what each knob does in the shipped preset):
 
 - ``no_experience``: no oracle trajectories in the pool, no injection into all-fail groups;
 - ``no_dynamic_rollouts``: every task gets ``group_size`` rollouts (DART: fewer for easy tasks);
@@ -64,9 +65,14 @@ FULL_EXPERIENCE_TASKS = 400
 training tasks (the chain preset's 400: all of them)."""
 
 
-def variant_overrides(name: str, base: StackConfig) -> dict[str, Any]:
+BASES = ("full", "preset")
+
+
+def variant_overrides(name: str, base: StackConfig, *, start: str = "full") -> dict[str, Any]:
     """The config mapping for one variant: ``preset`` nothing, ``full`` every DART knob on, a
-    knob's name ``full`` with that knob off."""
+    knob's name ``start`` (``full`` or ``preset``) with that knob off."""
+    if start not in BASES:
+        raise SystemExit(f"unknown ablation base {start!r} (known: {', '.join(BASES)})")
     if name == "preset":
         return {}
     full: dict[str, Any] = {"data": {"options": {"curation": {"inject_experience": True, "adaptive_max_steps": True}}},
@@ -84,6 +90,8 @@ def variant_overrides(name: str, base: StackConfig) -> dict[str, Any]:
     }
     if name == "full":
         return full
+    if start == "preset":
+        full = {}
     if name in curation:
         out: dict[str, Any] = deep_merge(full, {"data": {"options": {"curation": curation[name]}}})
         if name == "no_experience":
@@ -224,6 +232,8 @@ def main() -> int:
     p.add_argument("--ablate", action="store_true", help="full dart and each knob off in turn")
     p.add_argument("--variants", nargs="+",
                    help="only these variants (preset: the config as given; full: every knob on; " + ", ".join(KNOBS) + ")")
+    p.add_argument("--base", choices=BASES, default="full",
+                   help="what each knob's variant turns the knob off from: full dart (default) or the config as given")
     p.add_argument("--stress", action="store_true", help="a CPU-heavy process on one core beside every run")
     p.add_argument("--max-updates", type=int, help="override the config's update budget")
     p.add_argument("--curve-points", type=int, default=4, help="evaluated moments per run (warm start included)")
@@ -251,7 +261,7 @@ def main() -> int:
             warm = str(found[0].parent.resolve()) if found else None
         for name in names:
             workdir = (args.out / tag / f"{name}-s{seed}").resolve()
-            config = deep_merge(deep_merge(raw, variant_overrides(name, base)), {"recipe": {"seed": seed}})
+            config = deep_merge(deep_merge(raw, variant_overrides(name, base, start=args.base)), {"recipe": {"seed": seed}})
             config["run_id"] = f"{name.replace('_', '-')}-s{seed}"
             if warm is not None:
                 config["warm_model"] = warm
@@ -278,7 +288,7 @@ def main() -> int:
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = (f"# {tag}: `benchmarks/learning.py --config {args.config.relative_to(REPO) if args.config.is_absolute() else args.config}"
               f"{' --ablate' if args.ablate else ''}{' --variants ' + ' '.join(args.variants) if args.variants else ''}"
-              f"{' --stress' if args.stress else ''} --seeds "
+              f"{' --base ' + args.base if args.base != 'full' else ''}{' --stress' if args.stress else ''} --seeds "
               f"{' '.join(map(str, args.seeds))}`\n\n{stamp}, 2-core CPU machine, no GPU; held-out success over "
               f"{base.recipe.eval_episodes} greedy episodes per number.\n\n")
     for folder in (args.out / tag, REPO / "benchmarks" / "results"):

@@ -27,16 +27,14 @@ def _bench():  # type: ignore[no-untyped-def]
 bench = _bench()
 
 
-def built(name: str, tmp_path: Path) -> tuple[StackConfig, dict]:
+def built(name: str, tmp_path: Path, start: str = "full") -> tuple[StackConfig, dict]:
     raw = load_yaml(REPO / "configs" / "chain.yaml")
-    cfg = build(StackConfig, deep_merge(raw, bench.variant_overrides(name, build(StackConfig, raw))))
+    cfg = build(StackConfig, deep_merge(raw, bench.variant_overrides(name, build(StackConfig, raw), start=start)))
     sections = service_sections(cfg, workdir=tmp_path, model_dir=tmp_path / "warm")
     return cfg, sections
 
 
-@pytest.mark.parametrize("name", ["preset", "full", *bench.KNOBS])
-def test_each_variant_changes_only_its_knob(name, tmp_path):
-    cfg, sections = built(name, tmp_path)
+def knobs_off(cfg: StackConfig, sections: dict) -> set[str]:
     curation = sections["data-manager"]["data"]["curation"]
     loss = sections["trainer"]["train"]["loss"]
     knobs = {
@@ -47,9 +45,32 @@ def test_each_variant_changes_only_its_knob(name, tmp_path):
         "no_tis": loss["tis"] == "off",
         "no_clip_higher": loss["eps_high"] == loss["eps_low"] == 0.1,
     }
+    return {k for k, off in knobs.items() if off}
+
+
+@pytest.mark.parametrize("name", bench.KNOBS)
+def test_from_the_preset_each_knob_variant_is_the_shipped_config_less_that_knob(name, tmp_path):
+    cfg, sections = built(name, tmp_path, start="preset")
+    # the chain preset ships without the experience pool, so that knob is off in every variant
+    assert knobs_off(cfg, sections) == {"no_experience", name}
+    assert cfg.experience_tasks == 0
+    assert sections["trainer"]["train"]["loss"]["step_weight"] == "trajectory"
+
+
+def test_an_unknown_ablation_base_is_refused_by_name():
+    raw = load_yaml(REPO / "configs" / "chain.yaml")
+    with pytest.raises(SystemExit, match="unknown ablation base 'fast'"):
+        bench.variant_overrides("no_tis", build(StackConfig, raw), start="fast")
+
+
+@pytest.mark.parametrize("name", ["preset", "full", *bench.KNOBS])
+def test_each_variant_changes_only_its_knob(name, tmp_path):
+    cfg, sections = built(name, tmp_path)
+    curation = sections["data-manager"]["data"]["curation"]
+    loss = sections["trainer"]["train"]["loss"]
     # the chain preset itself runs without the experience pool; full dart puts it back
     expected = {"preset": {"no_experience"}, "full": set()}.get(name, {name})
-    assert {k for k, off in knobs.items() if off} == expected
+    assert knobs_off(cfg, sections) == expected
     if name not in ("preset", "no_experience"):
         assert cfg.experience_tasks == bench.FULL_EXPERIENCE_TASKS and curation["inject_experience"] is True
     # the rest of the recipe is the config's own: the loss keeps KL off and halved negatives
