@@ -102,6 +102,11 @@ def variant_overrides(name: str, base: StackConfig, *, start: str = "full") -> d
     raise SystemExit(f"unknown variant {name!r} (known: preset, full, {', '.join(KNOBS)})")
 
 
+def shown_path(path: Path) -> str:
+    """``path`` relative to the repository where it is inside it, else as given."""
+    return str(path.resolve().relative_to(REPO)) if path.resolve().is_relative_to(REPO) else str(path)
+
+
 def cpu_hog() -> subprocess.Popen:
     """One process that keeps one core busy (what `stress-ng --cpu 1` does)."""
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -286,7 +291,7 @@ def main() -> int:
     text = table(results)
     print(text)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    header = (f"# {tag}: `benchmarks/learning.py --config {args.config.relative_to(REPO) if args.config.is_absolute() else args.config}"
+    header = (f"# {tag}: `benchmarks/learning.py --config {shown_path(args.config)}"
               f"{' --ablate' if args.ablate else ''}{' --variants ' + ' '.join(args.variants) if args.variants else ''}"
               f"{' --base ' + args.base if args.base != 'full' else ''}{' --stress' if args.stress else ''} --seeds "
               f"{' '.join(map(str, args.seeds))}`\n\n{stamp}, 2-core CPU machine, no GPU; held-out success over "
