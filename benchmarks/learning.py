@@ -102,6 +102,26 @@ def variant_overrides(name: str, base: StackConfig, *, start: str = "full") -> d
     raise SystemExit(f"unknown variant {name!r} (known: preset, full, {', '.join(KNOBS)})")
 
 
+def dotted(item: str) -> dict[str, Any]:
+    """``a.b=VALUE`` as ``{"a": {"b": VALUE}}``: VALUE an int, else a float (``3e-4``, which YAML 1.1
+    reads as a string), else YAML."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--set wants KEY=VALUE, got {item!r}")
+    out: Any
+    for kind in (int, float):
+        try:
+            out = kind(value)
+            break
+        except ValueError:
+            continue
+    else:
+        out = yaml.safe_load(value)
+    for part in reversed(key.split(".")):
+        out = {part: out}
+    return out
+
+
 def shown_path(path: Path) -> str:
     """``path`` relative to the repository where it is inside it, else as given."""
     return str(path.resolve().relative_to(REPO)) if path.resolve().is_relative_to(REPO) else str(path)
@@ -241,6 +261,8 @@ def main() -> int:
                    help="what each knob's variant turns the knob off from: full dart (default) or the config as given")
     p.add_argument("--stress", action="store_true", help="a CPU-heavy process on one core beside every run")
     p.add_argument("--max-updates", type=int, help="override the config's update budget")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config field, dotted (e.g. recipe.rl_lr=3e-4); repeatable")
     p.add_argument("--curve-points", type=int, default=4, help="evaluated moments per run (warm start included)")
     p.add_argument("--curve-episodes", type=int,
                    help="held-out episodes per intermediate point (default: the recipe's eval_episodes, the "
@@ -255,6 +277,8 @@ def main() -> int:
     raw = load_yaml(args.config)
     if args.max_updates is not None:
         raw["max_updates"] = args.max_updates
+    for item in args.set:
+        raw = deep_merge(raw, dotted(item))
     base = build(StackConfig, raw)
     names = args.variants or (["full", *KNOBS] if args.ablate else ["preset"])
     tag = args.name or args.config.stem + ("-ablate" if args.ablate else "") + ("-stress" if args.stress else "")
@@ -293,6 +317,7 @@ def main() -> int:
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = (f"# {tag}: `benchmarks/learning.py --config {shown_path(args.config)}"
               f"{' --ablate' if args.ablate else ''}{' --variants ' + ' '.join(args.variants) if args.variants else ''}"
+              f"{''.join(' --set ' + x for x in args.set)}{' --max-updates ' + str(args.max_updates) if args.max_updates is not None else ''}"
               f"{' --base ' + args.base if args.base != 'full' else ''}{' --stress' if args.stress else ''} --seeds "
               f"{' '.join(map(str, args.seeds))}`\n\n{stamp}, 2-core CPU machine, no GPU; held-out success over "
               f"{base.recipe.eval_episodes} greedy episodes per number.\n\n")

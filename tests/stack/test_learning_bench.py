@@ -83,3 +83,12 @@ def test_the_table_gives_mean_and_spread_of_the_gain():
             for s, d in ((0, 0.10), (1, 0.20), (2, 0.15))]
     text = bench.table({"full": runs})
     assert "| full | 0, 1, 2 | 30.0% | 45.0% | +15.0 ± 5.0 (min +10.0) | 40 | 10.0 | 0 of 3 |" in text
+
+
+def test_set_overrides_a_dotted_field_with_a_typed_value():
+    assert bench.dotted("recipe.rl_lr=3e-4") == {"recipe": {"rl_lr": 3e-4}}
+    assert bench.dotted("max_updates=90") == {"max_updates": 90}
+    assert bench.dotted("recipe.loss.tis=sequence") == {"recipe": {"loss": {"tis": "sequence"}}}
+    assert bench.dotted("env.nice=[1, 2]") == {"env": {"nice": [1, 2]}}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        bench.dotted("recipe.rl_lr")
