@@ -13,7 +13,8 @@ config's ``rl_minutes`` as a cap, so a busier machine gives the same number of u
     .venv/bin/python benchmarks/learning.py --ablate --config configs/chain.yaml --seeds 0 1 2
 
 Runs go to ``--out`` (default ``runs/learning``), one directory per variant and seed; a run
-whose ``summary.json`` exists is not run again (so a long sweep can be resumed). Within a seed,
+whose ``summary.json`` exists is not run again (so a long sweep can be resumed; ``--collect``
+runs nothing and tabulates what is there, each cell not run marked so). Within a seed,
 every variant starts RL from the same warm start (the first variant's SFT). After each run the
 published weight versions are evaluated at ``--curve-points`` moments for the
 held-out-success-vs-wall-clock curve, on the same held-out episodes as the warm start and the
@@ -229,6 +230,27 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def by_seed(results: dict[str, list[dict[str, Any]]], seeds: list[int]) -> str:
+    """Held-out gain per variant and seed (a cell not run says so), with each variant's mean +- sd
+    and, from the second row on, its difference from the first row's mean on the seeds both have."""
+    head = "| variant | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± sd | vs first row, same seeds |"
+    lines = [head, "|---|" + "---|" * len(seeds) + "---|---|"]
+    first: dict[int, float] | None = None
+    for name, runs in results.items():
+        gains = {r["seed"]: r["delta"] for r in runs}
+        cells = [f"{100 * gains[s]:+.1f}" if s in gains else "not run" for s in seeds]
+        mean = (f"{100 * statistics.fmean(gains.values()):+.1f}"
+                + (f" ± {100 * statistics.stdev(gains.values()):.1f}" if len(gains) > 1 else "")) if gains else "-"
+        if first is None:
+            first, versus = gains, "-"
+        else:
+            both = [s for s in seeds if s in gains and s in first]
+            versus = (f"{100 * statistics.fmean(gains[s] - first[s] for s in both):+.1f} on {len(both)} "
+                      f"seed{'s' if len(both) != 1 else ''}") if both else "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean} | {versus} |")
+    return "\n".join(lines)
+
+
 def plot(results: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -242,6 +264,9 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path, title: str) -> No
             pts = r.get("curve") or []
             ax.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", color=color, alpha=0.8,
                     label=name if j == 0 else None)
+            if pts:
+                ax.annotate(f"s{r['seed']}", (pts[-1][0], pts[-1][2]), xytext=(4, 0), textcoords="offset points",
+                            color=color, fontsize=7, va="center")
     ax.set(xlabel="minutes into the RL phase", ylabel="held-out success", ylim=(0, 1), title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -272,6 +297,9 @@ def main() -> int:
                    help="start seed N from the warm start in DIR/<variant>-sN/warm where an earlier run left one "
                         "(SFT is deterministic per seed on one machine, not across machines: this skips repeating it)")
     p.add_argument("--name", help="name of the result files (default: the config's name, +ablate, +stress)")
+    p.add_argument("--collect", action="store_true",
+                   help="run nothing: tabulate the runs already in --out/NAME (link run directories in to "
+                        "gather runs made under other names); a cell not run is marked so")
     args = p.parse_args()
 
     raw = load_yaml(args.config)
@@ -298,6 +326,9 @@ def main() -> int:
             if summary_path.exists():
                 summary = json.loads(summary_path.read_text())
                 print(f"[learning] {name} seed {seed}: already run ({workdir})", flush=True)
+            elif args.collect:
+                print(f"[learning] {name} seed {seed}: not run ({workdir})", flush=True)
+                continue
             else:
                 print(f"[learning] {name} seed {seed}: dart up in {workdir}", flush=True)
                 summary = run_one(config, workdir, stress=args.stress, log=workdir.with_suffix(".log"))
@@ -312,12 +343,12 @@ def main() -> int:
                   f"{summary['rl_success']:.1%} ({100 * summary['delta']:+.1f} points), {summary['updates']} "
                   f"updates in {summary['rl_s'] / 60:.1f} min{'; ' + summary['budget_note'] if summary.get('budget_note') else ''}",
                   flush=True)
-    text = table(results)
+    text = table(results) + "\n\nHeld-out gain (points) per seed:\n\n" + by_seed(results, args.seeds)
     print(text)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = (f"# {tag}: `benchmarks/learning.py --config {shown_path(args.config)}"
               f"{' --ablate' if args.ablate else ''}{' --variants ' + ' '.join(args.variants) if args.variants else ''}"
-              f"{''.join(' --set ' + x for x in args.set)}{' --max-updates ' + str(args.max_updates) if args.max_updates is not None else ''}"
+              f"{''.join(' --set ' + x for x in args.set)}{' --collect' if args.collect else ''}{' --max-updates ' + str(args.max_updates) if args.max_updates is not None else ''}"
               f"{' --base ' + args.base if args.base != 'full' else ''}{' --stress' if args.stress else ''} --seeds "
               f"{' '.join(map(str, args.seeds))}`\n\n{stamp}, 2-core CPU machine, no GPU; held-out success over "
               f"{base.recipe.eval_episodes} greedy episodes per number.\n\n")

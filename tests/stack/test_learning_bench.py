@@ -92,3 +92,21 @@ def test_set_overrides_a_dotted_field_with_a_typed_value():
     assert bench.dotted("env.nice=[1, 2]") == {"env": {"nice": [1, 2]}}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         bench.dotted("recipe.rl_lr")
+
+
+def test_the_per_seed_table_marks_cells_not_run_and_compares_on_shared_seeds_only():
+    runs = {
+        "preset": [{"seed": 0, "delta": 0.22}, {"seed": 1, "delta": 0.17}, {"seed": 2, "delta": 0.23}],
+        "no_tis": [{"seed": 1, "delta": 0.295}],
+        "no_clip_higher": [{"seed": 0, "delta": 0.10}, {"seed": 2, "delta": 0.20}],
+        "no_dynamic_length": [],
+    }
+    lines = bench.by_seed(runs, [0, 1, 2]).splitlines()
+    assert lines[0] == "| variant | seed 0 | seed 1 | seed 2 | mean ± sd | vs first row, same seeds |"
+    # preset: mean of 22.0, 17.0, 23.0 = 20.67; sd = sqrt(20.67 / 2) = 3.21
+    assert lines[2] == "| preset | +22.0 | +17.0 | +23.0 | +20.7 ± 3.2 | - |"
+    # no_tis on seed 1 only: 29.5 - 17.0 = +12.5 on one seed
+    assert lines[3] == "| no_tis | not run | +29.5 | not run | +29.5 | +12.5 on 1 seed |"
+    # seeds 0 and 2: (10 - 22) and (20 - 23) -> mean -7.5; sd of 10, 20 = 7.07
+    assert lines[4] == "| no_clip_higher | +10.0 | not run | +20.0 | +15.0 ± 7.1 | -7.5 on 2 seeds |"
+    assert lines[5] == "| no_dynamic_length | not run | not run | not run | - | - |"
