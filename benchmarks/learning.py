@@ -34,7 +34,9 @@ given with that one knob turned off, i.e. what each knob does in the shipped pre
   its successful lengths);
 - ``no_entropy_selection``: every step is trained on (DART: the 80 % highest-entropy steps);
 - ``no_tis``: no truncated importance sampling against the rollout engine's log-probs;
-- ``no_clip_higher``: the upper clip equals the lower one (DART: 0.28 over 0.1).
+- ``no_clip_higher``: the upper clip equals the lower one (DART: 0.28 over 0.1). The clip acts only
+  with more than one optimiser step per batch; on a one-step recipe (both presets) ``--ablate``
+  leaves this variant out and says why.
 """
 
 from __future__ import annotations
@@ -101,6 +103,19 @@ def variant_overrides(name: str, base: StackConfig, *, start: str = "full") -> d
     if name in loss:
         return deep_merge(full, {"recipe": {"loss": loss[name]}})
     raise SystemExit(f"unknown variant {name!r} (known: preset, full, {', '.join(KNOBS)})")
+
+
+def ablation_names(base: StackConfig) -> tuple[list[str], str | None]:
+    """``--ablate``'s variants for this config, and why one was left out: clip-higher acts only
+    with more than one optimiser step per batch (with one, the PPO ratio is exactly 1), so on a
+    one-step recipe its variant would be the same run again."""
+    r = base.recipe
+    if r.ppo_epochs * r.ppo_minibatches > 1:
+        return ["full", *KNOBS], None
+    return ["full", *(k for k in KNOBS if k != "no_clip_higher")], (
+        "no_clip_higher left out: this recipe takes one optimiser step per batch (ppo_epochs 1, "
+        "ppo_minibatches 1), so the PPO ratio is exactly 1 and the clip range changes nothing; "
+        "ask for it with --variants to run it anyway, or set recipe.ppo_minibatches above 1")
 
 
 def dotted(item: str) -> dict[str, Any]:
@@ -308,7 +323,15 @@ def main() -> int:
     for item in args.set:
         raw = deep_merge(raw, dotted(item))
     base = build(StackConfig, raw)
-    names = args.variants or (["full", *KNOBS] if args.ablate else ["preset"])
+    note = None
+    if args.variants:
+        names = args.variants
+    elif args.ablate:
+        names, note = ablation_names(base)
+        if note:
+            print(f"[learning] {note}", flush=True)
+    else:
+        names = ["preset"]
     tag = args.name or args.config.stem + ("-ablate" if args.ablate else "") + ("-stress" if args.stress else "")
     results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for seed in args.seeds:
@@ -351,7 +374,7 @@ def main() -> int:
               f"{''.join(' --set ' + x for x in args.set)}{' --collect' if args.collect else ''}{' --max-updates ' + str(args.max_updates) if args.max_updates is not None else ''}"
               f"{' --base ' + args.base if args.base != 'full' else ''}{' --stress' if args.stress else ''} --seeds "
               f"{' '.join(map(str, args.seeds))}`\n\n{stamp}, 2-core CPU machine, no GPU; held-out success over "
-              f"{base.recipe.eval_episodes} greedy episodes per number.\n\n")
+              f"{base.recipe.eval_episodes} greedy episodes per number.\n\n" + (f"{note}.\n\n" if note else ""))
     for folder in (args.out / tag, REPO / "benchmarks" / "results"):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"learning_{tag}.md").write_text(header + text + "\n")

@@ -97,6 +97,13 @@ class TrainerConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
 
+    @property
+    def clip_acts(self) -> bool:
+        """Whether the PPO clip (``loss.eps_low`` / ``loss.eps_high``, clip-higher) can change an update:
+        only with more than one optimiser step per batch. With one, π_old is the policy being
+        stepped, the ratio is exactly 1 and the clip range changes nothing."""
+        return self.ppo_epochs * self.ppo_minibatches > 1
+
     def __post_init__(self) -> None:
         require(self.ppo_epochs >= 1, "ppo_epochs", f"must be >= 1, got {self.ppo_epochs}")
         require(self.ppo_minibatches >= 1, "ppo_minibatches", f"must be >= 1, got {self.ppo_minibatches}")

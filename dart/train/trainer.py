@@ -70,6 +70,9 @@ class Trainer:
         self.engine = build_engine(policy.model, cfg.optim, cfg.engine)
         self.ref = ReferencePolicy(ref_model, self.engine.device, getattr(torch, cfg.engine.dtype)) \
             if ref_model is not None else None
+        if not cfg.clip_acts:
+            log.info("one optimiser step per batch (ppo_epochs 1, ppo_minibatches 1): the PPO ratio is 1, so "
+                     "the clip range (eps_low %g, eps_high %g) changes nothing", cfg.loss.eps_low, cfg.loss.eps_high)
         self.last_checkpoint = latest_checkpoint(cfg.checkpoint_dir)
         if self.last_checkpoint is not None:
             self.engine.load_state(self.last_checkpoint)

@@ -110,3 +110,13 @@ def test_the_per_seed_table_marks_cells_not_run_and_compares_on_shared_seeds_onl
     # seeds 0 and 2: (10 - 22) and (20 - 23) -> mean -7.5; sd of 10, 20 = 7.07
     assert lines[4] == "| no_clip_higher | +10.0 | not run | +20.0 | +15.0 ± 7.1 | -7.5 on 2 seeds |"
     assert lines[5] == "| no_dynamic_length | not run | not run | not run | - | - |"
+
+
+def test_ablate_leaves_clip_higher_out_where_one_step_per_batch_makes_the_ratio_1():
+    raw = load_yaml(REPO / "configs" / "chain.yaml")
+    names, note = bench.ablation_names(build(StackConfig, raw))
+    assert names == ["full", "no_experience", "no_dynamic_rollouts", "no_dynamic_length", "no_entropy_selection",
+                     "no_tis"]
+    assert note is not None and "one optimiser step per batch" in note
+    stepped = build(StackConfig, deep_merge(raw, {"recipe": {"ppo_minibatches": 4}}))
+    assert bench.ablation_names(stepped) == (["full", *bench.KNOBS], None)

@@ -6,6 +6,7 @@ by hand; the real engines are exercised in test_trainer.py and test_deepspeed.py
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -89,3 +90,20 @@ def test_more_minibatches_than_micro_batches_step_once_per_micro_batch() -> None
 def test_epochs_below_one_are_refused() -> None:
     with pytest.raises(ValueError, match="epochs and minibatches"):
         apply_update(FakeEngine(6, 3), BATCHES, CFG, epochs=0)
+
+
+def test_the_clip_range_changes_an_update_only_when_a_batch_takes_more_than_one_step() -> None:
+    from dart.train.config import TrainerConfig
+
+    def theta(loss: LossConfig, **kw: int) -> torch.Tensor:
+        engine = FakeEngine(6, 3, lr=20.0)
+        apply_update(engine, BATCHES, loss, **kw)
+        return engine.theta.detach().clone()
+
+    higher, symmetric = LossConfig(kl_coef=0.0, eps_high=0.28), LossConfig(kl_coef=0.0, eps_high=0.1)
+    # one step: the ratio is exactly 1, clip-higher or not gives the same weights
+    assert torch.equal(theta(higher), theta(symmetric))
+    assert not TrainerConfig(model=Path("m"), checkpoint_dir=Path("c")).clip_acts
+    # two epochs of two mini-batches: the later steps see ratios beyond 1.1 and the upper clip bites
+    assert not torch.allclose(theta(higher, epochs=2, minibatches=2), theta(symmetric, epochs=2, minibatches=2))
+    assert TrainerConfig(model=Path("m"), checkpoint_dir=Path("c"), ppo_minibatches=2).clip_acts
