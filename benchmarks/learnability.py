@@ -134,6 +134,9 @@ def main() -> int:
     print(f"warm-start success  {out['warm_success']:.3f}  ({out['eval_episodes']} held-out episodes)")
     print(f"RL success          {out['rl_success']:.3f}  ({out['eval_episodes']} held-out episodes)")
     print(f"difference          {100 * out['delta']:+.1f} points")
+    if out["held_out_curve"]:
+        curve = " ".join(f"{u}:{100 * r:.1f}" for u, r in out["held_out_curve"])
+        print(f"held-out by update  {curve}")
     print(f"wall time           sft {out['sft_s']} s, eval warm {out['eval_warm_s']} s, rl {out['rl_s']} s "
           f"({len(out['train_success'])} updates), eval rl {out['eval_rl_s']} s, total {out['total_s']} s")
     return 0

@@ -8,6 +8,11 @@ and the scheduler moves to tasks it can still learn from: a rising curve there c
 task mix. This evaluates both policies on fixed task sets (the recipe's training and held-out
 tasks, cycled) at temperature 0 (the held-out number of `dart up`) and 1 (how rollouts sample),
 so the four numbers per policy compare like with like.
+
+``--by-instruction`` adds, for both policies, greedy held-out success per instruction (each
+held-out task once): which skills the warm start brought and which RL added. On ``tiny`` (`make
+run`) it is what showed why seeds 0 and 2 gain less than seed 1: their warm starts click the
+yellow button every time it is asked for and red, green and blue at about chance.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="a finished `dart up` run directory (stack.yaml, summary.json)")
     ap.add_argument("--episodes", type=int, default=60, help="episodes per number")
+    ap.add_argument("--by-instruction", action="store_true",
+                    help="also greedy held-out success per instruction, every held-out task once")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = build(StackConfig, yaml.safe_load((args.run / "stack.yaml").read_text()))
@@ -44,6 +51,10 @@ def main() -> int:
     train, held_out = make_tasks(cfg.recipe)
     store = LocalBlobStore(args.run / "blobs")
     rows = []
+    by_instruction: dict[str, list[dict]] = {}
+    for task in held_out:
+        by_instruction.setdefault(task["instruction"], []).append(task)
+    split_rows = []
     for label, checkpoint in (("warm start", None), ("final", summary.get("final_checkpoint"))):
         policy = load_policy(summary["warm_model"])
         if checkpoint:
@@ -57,11 +68,21 @@ def main() -> int:
                 cells.append(evaluate(policy, tasks, args.episodes, store=store, recipe=recipe, phase=99))
                 print(f"[policy_gap] {label}: {len(cells)} of 4", file=sys.stderr, flush=True)
         rows.append((label, cells))
+        if args.by_instruction:
+            greedy = dataclasses.replace(cfg.recipe, eval_temperature=0.0)
+            split_rows.append({ins: evaluate(policy, tasks, len(tasks), store=store, recipe=greedy, phase=99)
+                               for ins, tasks in by_instruction.items()})
     print(f"{args.run}: {args.episodes} episodes per number")
     print("| policy | train, greedy | train, T=1 | held-out, greedy | held-out, T=1 |")
     print("|---|---|---|---|---|")
     for label, cells in rows:
         print(f"| {label} | " + " | ".join(f"{c:.1%}" for c in cells) + " |")
+    if split_rows:
+        print()
+        print("| held-out instruction, greedy | tasks | warm start | final |")
+        print("|---|---|---|---|")
+        for ins in sorted(by_instruction, key=lambda i: (-len(by_instruction[i]), i)):
+            print(f"| {ins} | {len(by_instruction[ins])} | {split_rows[0][ins]:.1%} | {split_rows[1][ins]:.1%} |")
     return 0
 
 

@@ -32,7 +32,7 @@ from dart.agent.model import Policy, load_policy, save_policy
 from dart.agent.prompt import blob_image_loader
 from dart.blobs import BlobStore, LocalBlobStore
 from dart.events.manifest import Sample
-from dart.stack.episodes import Trajectory, evaluate, rollout_groups
+from dart.stack.episodes import Trajectory, evaluate, evaluate_async, rollout_groups
 from dart.stack.recipe import Recipe, make_tasks
 from dart.stack.warmstart import Log, manifest_of, oracle_samples, warm_start
 
@@ -144,7 +144,7 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: P
            if recipe.loss.kl_coef > 0 else None)
     rng = random.Random(recipe.seed)
     by_id = {t["id"]: t for t in train}
-    out["train_success"], out["updates"] = [], []
+    out["train_success"], out["updates"], out["held_out_curve"] = [], [], []
 
     async def rl_loop() -> None:
         gen = HFEngine(policy, HFEngineConfig(max_batch_size=recipe.engine_batch))
@@ -163,6 +163,12 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: P
                 log(f"update {u + 1}/{recipe.updates}: rollout success {success:.3f}, "
                     f"{int(stats['samples'])} samples, loss {stats.get('loss', 0.0):+.4f}, "
                     f"grad {stats.get('grad_norm', 0.0):.3f}, rollouts {tr} s, total {elapsed(tu)} s")
+                if recipe.eval_every and (u + 1) % recipe.eval_every == 0:
+                    policy.model.eval()
+                    rate = await evaluate_async(gen, held_out, recipe.eval_episodes, store=store, recipe=recipe,
+                                                phase=2)
+                    out["held_out_curve"].append((u + 1, rate))
+                    log(f"update {u + 1}/{recipe.updates}: held-out success {rate:.3f}")
         finally:
             await gen.close()
 

@@ -124,6 +124,9 @@ class Recipe:
     """Held-out episodes per evaluation (tasks are cycled when fewer)."""
     eval_temperature: float = 0.0
     """Evaluation sampling temperature (0: greedy)."""
+    eval_every: int = 0
+    """One-process runs (``run_recipe``): held-out success every this many updates as well, a curve
+    to tell a trend from the spread of one end point (~1.5 s per evaluation here; 0: off)."""
     engine_batch: int = 64
     """Most prompts the hf engine answers in one generate call."""
 
@@ -133,6 +136,7 @@ class Recipe:
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         require(0 <= self.sft_demos <= self.train_tasks, "sft_demos",
                 f"must be in [0, train_tasks={self.train_tasks}], got {self.sft_demos}")
+        require(self.eval_every >= 0, "eval_every", f"must be >= 0, got {self.eval_every}")
         require(self.updates >= 0, "updates", f"must be >= 0, got {self.updates}")
         require(self.sft_steps >= 0, "sft_steps", f"must be >= 0, got {self.sft_steps}")
         require(self.sft_steps == 0 or self.sft_demos >= 1, "sft_demos", "SFT steps need >= 1 demonstration")

@@ -277,3 +277,19 @@ def test_minuscule_recipe_runs_end_to_end(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
     assert lines[0] == "sft step 2/2: nll " + lines[0].rsplit(" ", 1)[-1]  # the warm start reports its loss
     assert lines[1].startswith("warm start: held-out success") and lines[-1].startswith("RL: held-out success")
+
+
+def test_held_out_curve_every_n_updates_ends_at_the_final_number(tmp_path: Path) -> None:
+    recipe = Recipe(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=2, updates=2, tasks_per_update=2,
+                    group_size=2, eval_episodes=4, drop_uniform_groups=False, max_new_tokens=8, eval_every=1)
+    lines: list[str] = []
+    out = run_recipe(recipe, tmp_path / "run", log=lines.append)
+    assert [u for u, _ in out["held_out_curve"]] == [1, 2]
+    # The last point is the final policy on the same tasks, greedy: the end number exactly.
+    assert out["held_out_curve"][-1][1] == out["rl_success"]
+    assert sum(line.startswith("update 2/2: held-out success") for line in lines) == 1
+
+
+def test_recipe_refuses_a_negative_eval_every() -> None:
+    with pytest.raises(ConfigError, match="eval_every"):
+        Recipe(eval_every=-1)
