@@ -34,7 +34,7 @@ from dart.agent.weights import check_state_dict, state_dict_from_bytes  # noqa: 
 from dart.blobs import LocalBlobStore  # noqa: E402
 from dart.config import build  # noqa: E402
 from dart.stack.config import StackConfig  # noqa: E402
-from dart.stack.episodes import evaluate  # noqa: E402
+from dart.stack.episodes import evaluate, success_by_instruction  # noqa: E402
 from dart.stack.recipe import make_tasks  # noqa: E402
 
 
@@ -51,10 +51,7 @@ def main() -> int:
     train, held_out = make_tasks(cfg.recipe)
     store = LocalBlobStore(args.run / "blobs")
     rows = []
-    by_instruction: dict[str, list[dict]] = {}
-    for task in held_out:
-        by_instruction.setdefault(task["instruction"], []).append(task)
-    split_rows = []
+    split_rows: list[dict[str, tuple[int, float]]] = []
     for label, checkpoint in (("warm start", None), ("final", summary.get("final_checkpoint"))):
         policy = load_policy(summary["warm_model"])
         if checkpoint:
@@ -70,8 +67,9 @@ def main() -> int:
         rows.append((label, cells))
         if args.by_instruction:
             greedy = dataclasses.replace(cfg.recipe, eval_temperature=0.0)
-            split_rows.append({ins: evaluate(policy, tasks, len(tasks), store=store, recipe=greedy, phase=99)
-                               for ins, tasks in by_instruction.items()})
+            outcomes: list[tuple[dict, bool]] = []
+            evaluate(policy, held_out, len(held_out), store=store, recipe=greedy, phase=99, outcomes=outcomes)
+            split_rows.append(success_by_instruction(outcomes, min_tasks=1))
     print(f"{args.run}: {args.episodes} episodes per number")
     print("| policy | train, greedy | train, T=1 | held-out, greedy | held-out, T=1 |")
     print("|---|---|---|---|---|")
@@ -81,8 +79,8 @@ def main() -> int:
         print()
         print("| held-out instruction, greedy | tasks | warm start | final |")
         print("|---|---|---|---|")
-        for ins in sorted(by_instruction, key=lambda i: (-len(by_instruction[i]), i)):
-            print(f"| {ins} | {len(by_instruction[ins])} | {split_rows[0][ins]:.1%} | {split_rows[1][ins]:.1%} |")
+        for ins, (tasks, warm) in split_rows[0].items():
+            print(f"| {ins} | {tasks} | {warm:.1%} | {split_rows[1][ins][1]:.1%} |")
     return 0
 
 

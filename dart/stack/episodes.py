@@ -112,28 +112,50 @@ async def run_episode(engine: Answerer, task: dict[str, Any], *, store: BlobStor
 
 
 async def evaluate_async(engine: Answerer, tasks: Sequence[dict[str, Any]], episodes: int, *, store: BlobStore,
-                         recipe: Recipe, phase: int = 0) -> float:
-    """Held-out success rate over ``episodes`` concurrent episodes (tasks cycled) at the eval temperature."""
+                         recipe: Recipe, phase: int = 0, outcomes: list[tuple[dict[str, Any], bool]] | None = None
+                         ) -> float:
+    """Held-out success rate over ``episodes`` concurrent episodes (tasks cycled) at the eval temperature;
+    ``outcomes``, when given, gets each episode's (task, solved)."""
     def sampling_of(e: int) -> Callable[[int], Sampling]:
         return lambda i: Sampling(temperature=recipe.eval_temperature, top_p=1.0,
                                   max_new_tokens=recipe.max_new_tokens, seed=sampling_seed(recipe.seed, phase, e, i))
 
+    schedule = eval_schedule(tasks, episodes)
     trajectories = await asyncio.gather(*(
         run_episode(engine, task, store=store, recipe=recipe, sampling=sampling_of(e), group_id=f"eval:{e}",
                     rollout_id=f"eval:{phase}:{e}")
-        for e, task in enumerate(eval_schedule(tasks, episodes))))
+        for e, task in enumerate(schedule)))
+    if outcomes is not None:
+        outcomes.extend((task, t.reward >= 1.0) for task, t in zip(schedule, trajectories, strict=True))
     return sum(t.reward >= 1.0 for t in trajectories) / len(trajectories)
 
 
+def success_by_instruction(outcomes: Sequence[tuple[dict[str, Any], bool]], *, min_tasks: int = 5
+                           ) -> dict[str, tuple[int, float]]:
+    """Success per instruction that at least ``min_tasks`` distinct tasks share: {instruction: (tasks,
+    rate over its episodes)}, most tasks first. Tells which skills a policy has (on ``tiny``: which
+    colours it reads); instructions of one or a few tasks each (``chain``, OSWorld) give nothing."""
+    episodes: dict[str, list[bool]] = {}
+    tasks: dict[str, set[str]] = {}
+    for task, solved in outcomes:
+        instruction = str(task.get("instruction", ""))
+        episodes.setdefault(instruction, []).append(solved)
+        tasks.setdefault(instruction, set()).add(str(task.get("id")))
+    shared = [ins for ins in episodes if len(tasks[ins]) >= min_tasks]
+    return {ins: (len(tasks[ins]), sum(episodes[ins]) / len(episodes[ins]))
+            for ins in sorted(shared, key=lambda i: (-len(tasks[i]), i))}
+
+
 def evaluate(policy: Policy, tasks: Sequence[dict[str, Any]], episodes: int, *, store: BlobStore,
-             recipe: Recipe, phase: int = 0) -> float:
+             recipe: Recipe, phase: int = 0, outcomes: list[tuple[dict[str, Any], bool]] | None = None) -> float:
     """:func:`evaluate_async` with a fresh ``hf`` engine over ``policy`` (blocking)."""
     from dart.rollout.hf_engine import HFEngine, HFEngineConfig
 
     async def main() -> float:
         engine = HFEngine(policy, HFEngineConfig(max_batch_size=recipe.engine_batch))
         try:
-            return await evaluate_async(engine, tasks, episodes, store=store, recipe=recipe, phase=phase)
+            return await evaluate_async(engine, tasks, episodes, store=store, recipe=recipe, phase=phase,
+                                        outcomes=outcomes)
         finally:
             await engine.close()
 

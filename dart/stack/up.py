@@ -108,7 +108,7 @@ def load_checkpoint_policy(base_dir: Path, checkpoint: Path | None) -> Any:
 
 def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]:
     """Run the whole thing; returns the summary (also written to WORKDIR/summary.json)."""
-    from dart.stack.episodes import evaluate
+    from dart.stack.episodes import evaluate, success_by_instruction
     from dart.stack.recipe import make_tasks
     from dart.stack.warmstart import warm_start
 
@@ -164,8 +164,10 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
         summary["warm_model"] = str(warm_dir)
         if cfg.evaluate:
             t0 = time.monotonic()
+            warm_outcomes: list[tuple[dict[str, Any], bool]] = []
             summary["warm_success"] = evaluate(load_checkpoint_policy(warm_dir, None), held_out,
-                                               recipe.eval_episodes, store=store, recipe=recipe, phase=1)
+                                               recipe.eval_episodes, store=store, recipe=recipe, phase=1,
+                                               outcomes=warm_outcomes)
             say(f"warm start: held-out success {summary['warm_success']:.1%} over {recipe.eval_episodes} "
                 f"episodes ({time.monotonic() - t0:.0f} s)")
 
@@ -221,9 +223,15 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
     if cfg.evaluate and not summary.get("interrupted") and "warm_success" in summary:
         t0 = time.monotonic()
         policy = load_checkpoint_policy(Path(summary["warm_model"]), checkpoint)
+        rl_outcomes: list[tuple[dict[str, Any], bool]] = []
         summary["rl_success"] = evaluate(policy, held_out, recipe.eval_episodes, store=store, recipe=recipe,
-                                         phase=2)
+                                         phase=2, outcomes=rl_outcomes)
         summary["delta"] = summary["rl_success"] - summary["warm_success"]
+        # Which skills the warm start brought and which RL added (make run: which colours it reads).
+        warm_by = success_by_instruction(warm_outcomes)
+        summary["held_out_by_instruction"] = [
+            {"instruction": ins, "tasks": n, "warm": warm_by.get(ins, (n, None))[1], "rl": rate}
+            for ins, (n, rate) in success_by_instruction(rl_outcomes).items()]
         say(f"RL policy: held-out success {summary['rl_success']:.1%} over {recipe.eval_episodes} episodes "
             f"({time.monotonic() - t0:.0f} s)")
     summary["total_s"] = round(time.monotonic() - t_start, 1)
@@ -396,6 +404,10 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+MAX_INSTRUCTION_ROWS = 12
+"""The summary lists held-out success per instruction when there are at most this many."""
+
+
 def _print_summary(s: dict[str, Any]) -> None:
     say("summary")
     print(f"  pipeline         {s['pipeline']}")
@@ -411,4 +423,10 @@ def _print_summary(s: dict[str, Any]) -> None:
         print(f"  held-out success warm start {s['warm_success']:.1%}")
     if "rl_success" in s:
         print(f"                   RL policy  {s['rl_success']:.1%}  ({s['delta'] * 100:+.1f} points)")
+    rows = s.get("held_out_by_instruction") or []
+    if 0 < len(rows) <= MAX_INSTRUCTION_ROWS:
+        print("  by instruction   (held-out, warm start -> RL policy)")
+        for row in rows:
+            warm = "-" if row["warm"] is None else f"{row['warm']:.0%}"
+            print(f"    {row['instruction'][:44]:<44} {row['tasks']:>4} tasks  {warm:>4} -> {row['rl']:>4.0%}")
     print(f"  total            {s['total_s'] / 60:.1f} min; details in {s['workdir']}/summary.json")

@@ -293,3 +293,50 @@ def test_held_out_curve_every_n_updates_ends_at_the_final_number(tmp_path: Path)
 def test_recipe_refuses_a_negative_eval_every() -> None:
     with pytest.raises(ConfigError, match="eval_every"):
         Recipe(eval_every=-1)
+
+
+def test_evaluation_outcomes_give_success_per_instruction(tmp_path: Path) -> None:
+    from dart.blobs import LocalBlobStore
+    from dart.stack.episodes import evaluate_async, success_by_instruction
+
+    clicks = [t for t in generate_tasks(60, preset="tiny", seed=0) if len(oracle_plan(t)) == 1]
+    a = clicks[0]
+    b = next(t for t in clicks if t["instruction"] != a["instruction"]
+             and oracle_plan(t)[0] != oracle_plan(a)[0])
+    screen = screen_of(a)
+    # Every answer is a's solution: a is solved, b (another colour in another place) is not.
+    engine = ScriptedEngine([oracle_text(oracle_plan(a)[0], (screen["width"], screen["height"]), Recipe())])
+    outcomes: list[tuple[dict, bool]] = []
+    rate = asyncio.run(evaluate_async(engine, [a, b], 4, store=LocalBlobStore(tmp_path / "blobs"),
+                                      recipe=Recipe(max_steps=1), outcomes=outcomes))
+    assert rate == 0.5
+    assert [(t["id"], solved) for t, solved in outcomes] == [(a["id"], True), (b["id"], False)] * 2
+    assert success_by_instruction(outcomes, min_tasks=1) == {a["instruction"]: (1, 1.0), b["instruction"]: (1, 0.0)}
+    assert success_by_instruction(outcomes, min_tasks=2) == {}  # one task each: not a shared instruction
+
+
+def test_success_by_instruction_counts_distinct_tasks_and_orders_by_them() -> None:
+    from dart.stack.episodes import success_by_instruction
+
+    red = [{"id": f"r{i}", "instruction": "Click the red button."} for i in range(3)]
+    blue = [{"id": f"b{i}", "instruction": "Click the blue button."} for i in range(2)]
+    # red: 3 tasks, episodes r0 r1 r2 r0 -> 3 of 4 solved; blue: 2 tasks, 1 of 2 solved.
+    outcomes = [(red[0], True), (red[1], False), (red[2], True), (red[0], True), (blue[0], False), (blue[1], True)]
+    assert success_by_instruction(outcomes, min_tasks=2) == {"Click the red button.": (3, 0.75),
+                                                             "Click the blue button.": (2, 0.5)}
+    assert list(success_by_instruction(outcomes, min_tasks=3)) == ["Click the red button."]
+
+
+def test_summary_prints_held_out_success_per_instruction(capsys) -> None:
+    from dart.stack.up import _print_summary
+
+    summary = {"pipeline": "decoupled", "total_s": 60.0, "workdir": "runs/x", "warm_success": 0.5,
+               "rl_success": 0.575, "delta": 0.075,
+               "held_out_by_instruction": [{"instruction": "Click the yellow button.", "tasks": 42, "warm": 1.0,
+                                            "rl": 1.0},
+                                           {"instruction": "Click the blue button.", "tasks": 56, "warm": 0.304,
+                                            "rl": 0.429}]}
+    _print_summary(summary)
+    out = capsys.readouterr().out
+    assert "Click the yellow button." in out and "42 tasks  100% -> 100%" in out
+    assert "56 tasks   30% ->  43%" in out

@@ -30,14 +30,20 @@ def dart_sql(dsn: str, query: str) -> list[list]:
 def test_a_short_run_trains_swaps_weights_and_replays_equal(broker, tmp_path):
     cfg = build(StackConfig, {
         "run_id": "e2e", "workdir": str(tmp_path / "run"), "bootstrap": broker.bootstrap,
-        "rl_minutes": 5, "max_updates": 2, "evaluate": False, "experience_tasks": 6,
-        "recipe": {"train_tasks": 6, "eval_tasks": 2, "sft_demos": 4, "sft_steps": 2,
+        "rl_minutes": 5, "max_updates": 2, "evaluate": True, "experience_tasks": 6,
+        "recipe": {"train_tasks": 6, "eval_tasks": 30, "eval_episodes": 30, "sft_demos": 4, "sft_steps": 2,
                    "tasks_per_update": 1, "group_size": 2, "max_new_tokens": 16},
         "env": {"slots": 4},
     })
     summary = up(cfg)
     assert summary["updates"] >= 2 and summary["policy_version"] >= 2
     assert summary["trajectories"] > 0
+    # Held-out success, overall and per instruction that >= 5 of the 30 held-out tasks share.
+    assert summary["delta"] == pytest.approx(summary["rl_success"] - summary["warm_success"])
+    rows = summary["held_out_by_instruction"]
+    assert rows and all(r["tasks"] >= 5 and 0.0 <= r["warm"] <= 1.0 and 0.0 <= r["rl"] <= 1.0 for r in rows)
+    assert sum(r["tasks"] for r in rows) <= 30
+    assert sum(r["tasks"] * r["rl"] for r in rows) <= round(summary["rl_success"] * 30) + 1e-9
 
     config = str(tmp_path / "run" / "config" / "data-manager.yaml")
     dsn = f"chdb://{tmp_path / 'run' / 'chdb'}"
