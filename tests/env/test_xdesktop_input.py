@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,14 @@ from dart.agent.actions import (
 from dart.env.tasks import check_pool
 from dart.env.xdesktop import PLANS, SETUP_TYPES, UnknownKey, key_combo, keysym, local_tasks, xdotool_argvs
 from dart.env.xdesktop.getters import task_file_path
-from dart.env.xdesktop.setup import command_of, expand_argv, office_argv, open_argv, resolve_path
+from dart.env.xdesktop.setup import (
+    command_of,
+    expand_argv,
+    office_argv,
+    open_argv,
+    resolve_path,
+    window_pattern,
+)
 from dart.errors import ConfigError
 
 SCREEN = (1024, 768)
@@ -140,3 +148,16 @@ def test_shipped_tasks_load_have_plans_and_run_on_this_backend():
     assert report.ok, report.problems()
     funcs = {f for t in tasks for f in t.evaluator.funcs}
     assert {"compare_text_file", "compare_table", "exact_match", "check_include_exclude"} <= funcs
+
+
+def test_gimps_window_is_found_with_or_without_an_image_but_not_its_splash():
+    """Titles GIMP 2.10 showed on Xvfb while opening shapes.png (polled every 20 ms): the splash,
+    the plain title for ~0.1 s, then the image's. A search for the plain title alone missed it
+    in CI, twice, and the task's setup waited 120 s for nothing."""
+    pattern = window_pattern("GNU Image Manipulation Program")
+    image = "[shapes] (imported)-1.0 (RGB color 8-bit gamma integer, GIMP built-in sRGB, 1 layer) 200x120 \u2013 GIMP"
+    assert re.search(pattern, image)
+    assert re.search(pattern, "GNU Image Manipulation Program")
+    assert not re.search(pattern, "GIMP Startup")
+    assert not re.search(pattern, "gimp.txt - Mousepad")
+    assert window_pattern("Google Chrome") == "(Google\\ Chrome|Chromium)"

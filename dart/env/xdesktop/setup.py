@@ -287,7 +287,7 @@ class SetupRunner:
             await self.chrome.wait_ready(self.app_timeout_s)
             await self._ready(window_pattern("Google Chrome"))
         if isinstance(params.get("window"), str):
-            await self._ready(params["window"])
+            await self._ready(window_pattern(params["window"]))
 
     async def _pkill(self, pattern: str) -> None:
         """OSWorld's ``pkill chrome`` / ``pkill vlc``: stop this slot's matching apps only (a real
@@ -395,12 +395,20 @@ def class_pattern(name: str) -> str:
     return re.escape(name.split(".", 1)[1] if "." in name else name)
 
 
+GIMP_TITLE = "GNU Image Manipulation Program"
+
+
 def window_pattern(name: str) -> str:
     """The xdotool title pattern for an OSWorld window name: Debian's Chromium titles its
-    windows "... - Chromium" where Google's build says "Google Chrome"; a terminal is xterm."""
+    windows "... - Chromium" where Google's build says "Google Chrome"; a terminal is xterm.
+    GIMP titles its window "GNU Image Manipulation Program" only while no image is open; with
+    one it is "[name] (imported)-1.0 (RGB ...) – GIMP" (the plain title shows for a moment
+    while the image loads, and a search can miss it): either one is GIMP's window."""
     pattern = re.escape(name)
     if name == "Terminal":  # GNOME's terminal; the slot's Ctrl+Alt+T opens xterm
         return "Terminal|xterm"
+    if name == GIMP_TITLE:
+        return f"{pattern}|– GIMP$"
     return pattern.replace("Google\\ Chrome", "(Google\\ Chrome|Chromium)") if "Google Chrome" in name else pattern
 
 
