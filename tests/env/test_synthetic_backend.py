@@ -49,7 +49,9 @@ async def test_unsolved_task_scores_zero():
 
 
 async def test_latency_is_slept_in_reset_and_step():
-    lat = LatencyConfig(kind="fixed", median_s=0.05, reset_factor=2.0)
+    # 0.2 s a step, 0.4 s a reset: the upper bounds catch a latency slept twice (0.8 s, 0.4 s)
+    # with room for a busy machine's late wake-ups.
+    lat = LatencyConfig(kind="fixed", median_s=0.2, reset_factor=2.0)
     env = SyntheticBackend(SyntheticConfig(latency=lat))
     t = time.monotonic()
     await env.reset(_task())
@@ -57,7 +59,7 @@ async def test_latency_is_slept_in_reset_and_step():
     t = time.monotonic()
     await env.step(Click(x=1, y=1))
     step_s = time.monotonic() - t
-    assert 0.1 <= reset_s < 0.25 and 0.05 <= step_s < 0.15
+    assert 0.4 <= reset_s < 0.75 and 0.2 <= step_s < 0.38
 
 
 async def test_crash_breaks_the_slot_until_it_is_recycled():
