@@ -118,6 +118,24 @@ async def test_a_terminal_the_agent_opened_and_what_runs_in_it_end_with_the_epis
     assert subprocess.run(["pgrep", "-f", "sleep 1234.5"], capture_output=True).returncode == 1
 
 
+async def test_the_terminal_opens_in_the_home_after_a_reset_made_it_anew(desktop):
+    """OSWorld's Ctrl+Alt+T terminal starts in ~. The window manager's working directory is the
+    home it started in, which a reset deletes: a terminal started there printed "getcwd: cannot
+    access parent directories" and `pwd` failed."""
+    task = _task("xdesktop-mousepad-hello")
+    await desktop.reset(task)
+    await desktop.reset(task)
+    await desktop.step(Hotkey(keys=("ctrl", "alt", "t")))
+    await desktop.display.wait_window("xterm", 30.0)
+    await desktop.step(Type(content="pwd > where.txt\n"))
+    where = desktop.home / "where.txt"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15.0
+    while not (where.exists() and where.read_text()) and loop.time() < deadline:
+        await asyncio.sleep(0.1)
+    assert where.read_text().strip() == str(desktop.home)
+
+
 @pytest.mark.kafka
 async def test_worker_solves_every_shipped_task_with_reward_one(bus, blobs, kit):
     bus = kit.fast_bus(bus)

@@ -172,7 +172,10 @@ class Chrome:
 
     async def close_tabs(self, urls: list[str], timeout_s: float = 10.0) -> None:
         """Close the first tab showing each URL (trailing slashes aside) and wait until it is
-        gone. A tab opened just before may not show its URL yet: wait for it up to ``timeout_s``."""
+        gone. A tab opened just before may not show its URL yet: wait for it up to ``timeout_s``,
+        and for its document to load (OSWorld opened it with Playwright's ``goto``, which waits
+        for the load): a tab closed before its navigation committed leaves Chromium nothing to
+        reopen, and Ctrl+Shift+T (task 06fe7178) then brought nothing back."""
         loop = asyncio.get_running_loop()
         for url in urls:
             deadline = loop.time() + timeout_s
@@ -184,6 +187,7 @@ class Chrome:
                     await asyncio.sleep(0.2)
             if page is None:
                 raise EnvError(f"chrome_close_tabs: no tab shows {url} (open: {[p.get('url') for p in pages]})")
+            await self.wait_loaded(page)
             await self.close_tab(page["id"])
             while any(p["id"] == page["id"] for p in await self.pages()) and loop.time() < deadline:
                 await asyncio.sleep(0.1)

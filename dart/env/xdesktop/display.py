@@ -91,7 +91,9 @@ class XDisplay:
         log.debug("X display %s (%dx%d) for %s", self.display, self.width, self.height, self.home)
 
     def _wm_args(self) -> list[str]:
-        """openbox: Ctrl+Alt+T opens a terminal and Alt+Tab switches windows, as on OSWorld's Ubuntu desktop."""
+        """openbox: Ctrl+Alt+T opens a terminal and Alt+Tab switches windows, as on OSWorld's Ubuntu desktop.
+        The terminal starts in the home (``cd``): openbox's own working directory is the home it
+        was started in, which every reset deletes and makes anew."""
         if Path(self.wm).name != "openbox" or shutil.which("xterm") is None:
             return []
         rc = self.home.parent / "openbox-rc.xml"
@@ -183,7 +185,7 @@ class XDisplay:
 _OPENBOX_RC = """<?xml version="1.0" encoding="UTF-8"?>
 <openbox_config xmlns="http://openbox.org/3.4/rc">
   <keyboard>
-    <keybind key="C-A-t"><action name="Execute"><command>xterm -fa Monospace -fs 12</command></action></keybind>
+    <keybind key="C-A-t"><action name="Execute"><command>sh -c 'cd; exec xterm -fa Monospace -fs 12'</command></action></keybind>
     <keybind key="A-Tab"><action name="NextWindow"><finalactions><action name="Focus"/><action name="Raise"/></finalactions></action></keybind>
   </keyboard>
 </openbox_config>
