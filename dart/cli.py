@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 
@@ -27,6 +28,7 @@ COMMAND_MODULES = (
     "dart.data.cli",
     "dart.train.cli",
     "dart.stack.cli",
+    "dart.obs.cli",
 )
 
 
@@ -53,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
+    if os.environ.get("DART_METRICS_DIR") or os.environ.get("DART_METRICS_PORT"):
+        from dart.bus.prom import maybe_start_exporter
+
+        maybe_start_exporter(args.command)  # a long-lived service: Prometheus /metrics
     try:
         rc = args.func(args)
     except DartError as exc:
