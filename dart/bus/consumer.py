@@ -25,6 +25,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from dart.bus import prom
 from dart.bus.config import BusConfig
 from dart.bus.producer import Producer
+from dart.config import event_log_fields, log_context
 from dart.errors import DecodeError
 from dart.events import DeadLetter, Event, decode
 
@@ -335,7 +336,8 @@ class Consumer:
     async def _retrying(self, fn: Callable[[Any], Awaitable[T]], arg: Any) -> T:
         for attempt in range(self.handler_retries + 1):
             try:
-                with prom.handling(self.group):
+                fields = event_log_fields(arg.event) if isinstance(arg, Delivered) else {}
+                with prom.handling(self.group), log_context(**fields):  # JSON log lines name the record's ids
                     return await fn(arg)
             except asyncio.CancelledError:
                 raise

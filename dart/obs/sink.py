@@ -545,9 +545,12 @@ class LiveSink:
 
 def run_live(cfg: MetricsConfig, bus: Any) -> int:
     """The `dart metrics` service: SIGTERM/SIGINT read on to the log's end, write, exit 0."""
+    from dart.bus.prom import RECORDS_IN
+
     sink = LiveSink(cfg, bus)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sink.stop())
     log.info("metrics: TensorBoard files of %s.* into %s (pid %d)", bus.prefix, cfg.out_dir, os.getpid())
-    sink.run()
+    group = f"{bus.prefix}-metrics"
+    sink.run(on_record=lambda topic, n: RECORDS_IN.labels(group, topic).inc(n))
     return 0

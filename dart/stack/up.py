@@ -137,7 +137,8 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
     for stale in (workdir / "metrics").glob("*.port"):
         stale.unlink()
     supervisor = Supervisor(workdir / "logs", base_env={"DART_BOOTSTRAP": bus.bootstrap,
-                                                        "DART_METRICS_DIR": str(workdir / "metrics")})
+                                                        "DART_METRICS_DIR": str(workdir / "metrics"),
+                                                        "DART_RUN_ID": cfg.run_id})
     try:
         ensure_topics(bus)
         restored = broker is not None and restore_log(workdir / "log", bus)
