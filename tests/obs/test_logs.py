@@ -38,14 +38,20 @@ def test_json_log_lines_parse_one_by_one_and_name_the_service_worker_and_run(tmp
     assert text.stderr and not text.stderr.lstrip().startswith("{")
 
 
-def test_a_line_carries_extras_context_and_the_traceback():
+def json_logger(name: str, service: str) -> tuple[logging.Logger, logging.Handler, io.StringIO]:
+    """A logger of its own whose lines go, as JSON, into a string buffer only."""
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonLogFormatter("train"))
-    log = logging.getLogger("dart.test.json")
+    handler.setFormatter(JsonLogFormatter(service))
+    log = logging.getLogger(name)
     log.addHandler(handler)
     log.propagate = False
     log.setLevel(logging.INFO)
+    return log, handler, stream
+
+
+def test_a_line_carries_extras_context_and_the_traceback():
+    log, handler, stream = json_logger("dart.test.json", "train")
     try:
         with log_context(rollout_id="r-1", policy_version=3, run_id=None):
             try:
@@ -65,13 +71,7 @@ async def test_a_consumer_handler_logs_with_the_ids_of_its_record(bus: BusConfig
     action = next(e for e in Traj("a", "g", version=5).events() if type(e).__name__ == "ActionChosen")
     producer = Producer(bus)
     await producer.send(action, partition=0)
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonLogFormatter("rollout-worker"))
-    log = logging.getLogger("dart.test.consumer")
-    log.addHandler(handler)
-    log.propagate = False
-    log.setLevel(logging.INFO)
+    log, handler, stream = json_logger("dart.test.consumer", "rollout-worker")
     done = asyncio.Event()
 
     async def handle(d):
