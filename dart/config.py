@@ -231,6 +231,21 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+def progress_shown() -> bool:
+    """Progress bars on a terminal only ($DART_PROGRESS=1 or 0 says otherwise)."""
+    forced = os.environ.get("DART_PROGRESS")
+    return forced == "1" if forced in ("0", "1") else sys.stderr.isatty()
+
+
+def progress(iterable: Any = None, *, total: int | None = None, desc: str = "", unit: str = "it") -> Any:
+    """A tqdm progress bar on stderr when it is a terminal, else silent: the iterable passes through
+    and ``update``/``close`` do nothing (logs and pipes get no bar characters)."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, disable=not progress_shown(),
+                dynamic_ncols=True, leave=False)
+
+
 def setup_logging(verbose: bool = False, log_format: str | None = None, *, service: str = "") -> None:
     """One log line per event worth knowing, on stderr (every service and CLI command calls this
     once at start-up): text (time, level, logger, message), or with ``log_format="json"`` (or

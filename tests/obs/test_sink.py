@@ -106,14 +106,14 @@ def test_held_events_come_out_in_event_time_order_and_a_late_one_is_counted():
     assert reorder.push(old) == [old] and reorder.late == 1
 
 
-def write_archive(log_dir: Path, events, seed: int) -> None:
-    """``events`` as an archive: each topic's events spread over two partitions in a shuffled order."""
-    topics = Topics("t")
+def write_archive(log_dir: Path, events, seed: int, prefix: str = "t", partitions: int = 2) -> None:
+    """``events`` as an archive: each topic's events spread over ``partitions`` partitions in a shuffled order."""
+    topics = Topics(prefix)
     parts: dict[tuple[str, int], list] = {}
     rng = random.Random(seed)
     for e in rng.sample(events, len(events)):
         topic = topics.for_event(type(e))
-        parts.setdefault((topic, rng.randrange(2)), []).append(e)
+        parts.setdefault((topic, rng.randrange(partitions)), []).append(e)
     for (topic, p), evs in parts.items():
         write_segment(log_dir, topic, p, [archive_record(topic, p, i, e.event_time, None, None, encode(e),
                                                          type(e).__name__) for i, e in enumerate(evs)], fsync=False)

@@ -10,6 +10,7 @@ version.
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ import time
 import urllib.request
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -47,13 +49,14 @@ def records(directory) -> tuple[dict, dict]:
 
 def test_a_run_is_watched_live_and_rebuilt_equal_from_its_archive(tmp_path):
     run = tmp_path / "run"
-    cfg = build(StackConfig, {
+    data = {
         "run_id": "watch", "workdir": str(run), "rl_minutes": 4, "max_updates": 3, "evaluate": False,
         "experience_tasks": 4,
         "recipe": {"train_tasks": 6, "eval_tasks": 2, "sft_demos": 4, "sft_steps": 2,
                    "tasks_per_update": 1, "group_size": 2, "max_new_tokens": 16},
         "env": {"slots": 4},
-    })
+    }
+    cfg = build(StackConfig, data)
     result: dict = {}
     runner = threading.Thread(target=lambda: result.update(up(cfg)), daemon=True)
     runner.start()
@@ -86,9 +89,7 @@ def test_a_run_is_watched_live_and_rebuilt_equal_from_its_archive(tmp_path):
 
     # TensorBoard: the live files and the archive's, equal record for record.
     after = tmp_path / "after"
-    out = subprocess.run([sys.executable, "-m", "dart.cli", "metrics", str(run), "--out", str(after)],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    dart("metrics", str(run), "--out", str(after))
     live_scalars, live_images = records(run / "tensorboard")
     after_scalars, after_images = records(after)
     assert live_scalars == after_scalars
@@ -105,3 +106,19 @@ def test_a_run_is_watched_live_and_rebuilt_equal_from_its_archive(tmp_path):
     # Pictures of trajectories, as PNGs, at policy versions.
     assert live_images and all(png.startswith(b"\x89PNG") for shots in live_images.values() for _, png in shots)
     assert {step for shots in live_images.values() for step, _ in shots} <= set(range(0, versions[-1] + 1))
+
+    # Machine-readable: `dart report --json` of the run's store, `dart eval --json` of its warm start.
+    report = dart("report", "--json", "--dsn", f"chdb://{run / 'chdb'}")
+    tables = json.loads(report.stdout)
+    assert [u["version"] for u in tables["updates"]] == versions
+    assert sum(n for _, n, _ in tables["success_by_version"]) > 0
+    (tmp_path / "stack.yaml").write_text(yaml.safe_dump(data))
+    evaluated = json.loads(dart("eval", str(tmp_path / "stack.yaml"), "--episodes", "4", "--json").stdout)
+    assert evaluated["episodes"] == 4 and 0.0 <= evaluated["success"] <= 1.0
+    assert evaluated["model"] == str(run / "warm") and evaluated["checkpoint"] is None
+
+
+def dart(*argv: str) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "dart.cli", *argv], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    return out
