@@ -202,6 +202,9 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
             say(f"dart serve answers on {url} ({waited:.0f} s after dart up started it)")
         for spec in rollouts:
             supervisor.start(spec)
+        if "metrics" in sections:
+            say(f"watch it: tensorboard --logdir {workdir / 'tensorboard'} --host 127.0.0.1; Prometheus /metrics "
+                f"ports in {workdir / 'metrics'}/<service>.port")
 
         summary.update(_rl_phase(cfg, supervisor, workdir, stop_after_s=stop_after_s, broker=broker, bus=bus))
     except KeyboardInterrupt:

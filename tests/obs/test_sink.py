@@ -145,3 +145,14 @@ def test_any_layout_of_the_log_gives_the_same_tensorboard_records(tmp_path, monk
     scalars, images = results[0]
     assert scalars["train/loss"] == [(1, 0.25, (T0 + 1800) / 1000)]  # wall time = the event's own time
     assert sorted(images) == ["trajectory/0"] and [s for s, _ in images["trajectory/0"]] == [0, 1]
+
+
+def test_a_restarted_sink_writes_its_files_again_from_the_start(tmp_path):
+    records = fold_all(history())
+    for _ in range(2):  # the second writer is a restart: the first one's file goes
+        out = TensorBoardOut(tmp_path / "tb")
+        out.write(records)
+        out.close()
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1
+    scalars, _ = read_back(tmp_path / "tb")
+    assert scalars["rollout/success_rate"] == [(0, 0.5, (T0 + 2000) / 1000), (1, 0.0, (T0 + 3200) / 1000)]
