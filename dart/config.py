@@ -197,10 +197,12 @@ def log_context(**fields: Any) -> Iterator[None]:
 
 
 def event_log_fields(event: Any) -> dict[str, Any]:
-    """run_id, rollout_id and policy version (``policy_version`` or a weights event's ``version``) of an event."""
+    """run_id, rollout_id and policy version (``policy_version``, a weights event's ``version``, a batch's
+    ``trainer_version``) of an event."""
     fields = {name: getattr(event, name, None) for name in LOG_FIELDS}
-    if fields["policy_version"] is None and hasattr(event, "version"):
-        fields["policy_version"] = event.version
+    for other in ("version", "trainer_version"):  # a weights event's, a batch's
+        if fields["policy_version"] is None:
+            fields["policy_version"] = getattr(event, other, None)
     return fields
 
 

@@ -76,6 +76,8 @@ def test_a_run_is_watched_live_and_rebuilt_equal_from_its_archive(tmp_path):
         return max(sum(s.value for s in samples if s.name == metric) for samples in scraped[name])
 
     assert peak("env-0", "dart_records_produced_total") > 0
+    assert peak("env-0", "dart_records_consumed_total") > 0  # its reply inbox: the actions that answer it
+    assert peak("rollout-0", "dart_handler_seconds_count") > 0
     assert peak("data-manager", "dart_records_consumed_total") > 0
     assert peak("data-manager", "dart_handler_seconds_count") > 0
     assert peak("trainer", "dart_trainer_step_seconds_count") >= 1
