@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 from dart.bus import BusConfig, Consumer, Producer
 from dart.config import JsonLogFormatter, log_context
@@ -89,3 +90,25 @@ async def test_a_consumer_handler_logs_with_the_ids_of_its_record(bus: BusConfig
     (line,) = (json.loads(x) for x in stream.getvalue().splitlines())
     assert (line["rollout_id"], line["policy_version"], line["run_id"]) == (action.rollout_id, 5, action.run_id)
     assert line["message"] == "answered 0"
+
+
+def test_a_supervised_services_log_file_is_json_lines_throughout(bus: BusConfig, tmp_path):
+    from dart.stack.supervisor import ServiceSpec, Supervisor
+
+    sup = Supervisor(tmp_path / "logs", base_env={"DART_LOG_FORMAT": "json", "DART_RUN_ID": "run-7"})
+    spec = ServiceSpec(name="archiver", env={"DART_SERVICE": "archiver"},
+                       argv=("archiver", "--log-dir", str(tmp_path / "log"), "--bootstrap", bus.bootstrap,
+                             "--prefix", bus.prefix))
+    for run in range(1, 3):  # a restart appends to the same file
+        sup.start(spec)
+        deadline = time.monotonic() + 60
+        while (tmp_path / "logs" / "archiver.log").read_text().count("archiving") < run and time.monotonic() < deadline:
+            time.sleep(0.2)
+        sup.stop()
+        del sup.services["archiver"]
+    lines = [json.loads(line) for line in (tmp_path / "logs" / "archiver.log").read_text().splitlines() if line]
+    assert sum(line["message"].startswith("starting dart archiver") for line in lines) == 2
+    assert sum("archiver stopped" in line["message"] for line in lines) == 2
+    assert all(line["worker_id"] == "archiver" for line in lines)
+    assert all(line["service"] == "archiver" and line["run_id"] == "run-7" for line in lines
+               if line["logger"] != "dart.stack.supervisor")
