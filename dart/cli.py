@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 
@@ -27,6 +28,7 @@ COMMAND_MODULES = (
     "dart.data.cli",
     "dart.train.cli",
     "dart.stack.cli",
+    "dart.obs.cli",
 )
 
 
@@ -37,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dart {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--log-format", choices=("text", "json"),
+                        help="log lines as text (the default) or one JSON object each, with service, worker id, "
+                             "run id, rollout id and policy version where there are (also $DART_LOG_FORMAT; "
+                             "the services `dart up` starts inherit it)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
@@ -52,7 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    if args.log_format:
+        os.environ["DART_LOG_FORMAT"] = args.log_format  # the processes it starts log the same way
+    setup_logging(args.verbose, args.log_format, service=args.command)
+    if os.environ.get("DART_METRICS_DIR") or os.environ.get("DART_METRICS_PORT"):
+        from dart.bus.prom import maybe_start_exporter
+
+        maybe_start_exporter(args.command)  # a long-lived service: Prometheus /metrics
     try:
         rc = args.func(args)
     except DartError as exc:

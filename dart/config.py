@@ -9,15 +9,20 @@ turns a nested mapping into such a class and refuses unknown fields, wrong types
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import dataclasses
+import datetime
 import inspect
 import itertools
+import json
 import logging
 import os
 import sys
 import textwrap
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -174,14 +179,87 @@ def require(cond: bool, field: str, message: str) -> None:
         raise ConfigError(f"{field}: {message}")
 
 
-def setup_logging(verbose: bool = False) -> None:
-    """One log line per event worth knowing, on stderr: time, level, logger, message (every service
-    and CLI command calls this once at start-up)."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
+LOG_FORMATS = ("text", "json")
+LOG_CONTEXT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("dart_log_context", default=None)
+"""Fields the JSON log lines of this task carry (the bus's consumer sets those of the record in hand)."""
+LOG_FIELDS = ("run_id", "rollout_id", "policy_version")
+"""Fields of an event that a log line written while handling it carries."""
+
+
+@contextlib.contextmanager
+def log_context(**fields: Any) -> Iterator[None]:
+    """Add ``fields`` (None values left out) to every JSON log line written inside the block."""
+    token = LOG_CONTEXT.set({**(LOG_CONTEXT.get() or {}), **{k: v for k, v in fields.items() if v is not None}})
+    try:
+        yield
+    finally:
+        LOG_CONTEXT.reset(token)
+
+
+def event_log_fields(event: Any) -> dict[str, Any]:
+    """run_id, rollout_id and policy version (``policy_version``, a weights event's ``version``, a batch's
+    ``trainer_version``) of an event."""
+    fields = {name: getattr(event, name, None) for name in LOG_FIELDS}
+    for other in ("version", "trainer_version"):  # a weights event's, a batch's
+        if fields["policy_version"] is None:
+            fields["policy_version"] = getattr(event, other, None)
+    return fields
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message; the service (the
+    `dart` command), worker id (``$DART_SERVICE``) and run id (``$DART_RUN_ID``) where set; the
+    run id, rollout id and policy version of the record being handled, where there is one; an
+    ``extra={...}`` of the call; the traceback as ``exception``."""
+
+    STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+    def __init__(self, service: str = "") -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+        line: dict[str, Any] = {"time": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                                "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        for key, value in (("service", self.service), ("worker_id", os.environ.get("DART_SERVICE")),
+                           ("run_id", os.environ.get("DART_RUN_ID")), ("pid", record.process)):
+            if value:
+                line[key] = value
+        line.update(LOG_CONTEXT.get() or {})
+        line.update({k: v for k, v in vars(record).items() if k not in self.STANDARD and not k.startswith("_")})
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def progress_shown() -> bool:
+    """Progress bars on a terminal only ($DART_PROGRESS=1 or 0 says otherwise)."""
+    forced = os.environ.get("DART_PROGRESS")
+    return forced == "1" if forced in ("0", "1") else sys.stderr.isatty()
+
+
+def progress(iterable: Any = None, *, total: int | None = None, desc: str = "", unit: str = "it") -> Any:
+    """A tqdm progress bar on stderr when it is a terminal, else silent: the iterable passes through
+    and ``update``/``close`` do nothing (logs and pipes get no bar characters)."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, disable=not progress_shown(),
+                dynamic_ncols=True, leave=False)
+
+
+def setup_logging(verbose: bool = False, log_format: str | None = None, *, service: str = "") -> None:
+    """One log line per event worth knowing, on stderr (every service and CLI command calls this
+    once at start-up): text (time, level, logger, message), or with ``log_format="json"`` (or
+    ``$DART_LOG_FORMAT=json``) one JSON object per line (:class:`JsonLogFormatter`)."""
+    log_format = log_format or os.environ.get("DART_LOG_FORMAT") or "text"
+    if log_format not in LOG_FORMATS:
+        raise ConfigError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonLogFormatter(service))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s", "%H:%M:%S"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
     for noisy in ("aiokafka", "kafka", "urllib3", "httpx", "filelock", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -65,6 +65,8 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("doctor", help="check what dart needs on this machine and say how to fix it")
     add_bus_args(p)
+    p.add_argument("--json", action="store_true", help="the checks as one JSON object (ok, checks: name, ok, "
+                                                       "detail, fix)")
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("demo", help="start a dev broker and show events flowing between processes")
@@ -139,21 +141,32 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
+_doctor_json: list[dict[str, Any]] | None = None
+"""`dart doctor --json`: the checks' results are collected here instead of printed."""
+
+
 def _check(name: str, fn: Any, fix: str) -> bool:
     try:
-        detail = fn()
-        print(f"  ok       {name:18s} {detail}")
-        return True
+        detail, ok = str(fn()), True
     except Exception as exc:
-        print(f"  MISSING  {name:18s} {type(exc).__name__}: {str(exc)[:120]}\n           fix: {fix}")
-        return False
+        detail, ok = f"{type(exc).__name__}: {str(exc)[:120]}", False
+    if _doctor_json is not None:
+        _doctor_json.append({"check": name, "ok": ok, "detail": detail, **({} if ok else {"fix": fix})})
+    elif ok:
+        print(f"  ok       {name:18s} {detail}")
+    else:
+        print(f"  MISSING  {name:18s} {detail}\n           fix: {fix}")
+    return ok
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from dart.bus.broker import broker_answers, tansu_binary
 
+    global _doctor_json
     cfg = bus_from_args(args)
-    print("dart doctor")
+    _doctor_json = [] if args.json else None
+    if not args.json:
+        print("dart doctor")
 
     def broker() -> str:
         if not broker_answers(cfg.bootstrap, timeout_s=1.5):
@@ -201,7 +214,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         _check("docker-compose", which("docker-compose"), "apt-get install -y docker-compose  (validation only)"),
     ]
     missing = results.count(False)
-    print(f"{len(results) - missing}/{len(results)} ok" + (f", {missing} missing" if missing else ""))
+    if _doctor_json is not None:
+        print(json.dumps({"ok": missing == 0, "checks": _doctor_json}, indent=1))
+        _doctor_json = None
+    else:
+        print(f"{len(results) - missing}/{len(results)} ok" + (f", {missing} missing" if missing else ""))
     return 0 if missing == 0 else 1
 
 

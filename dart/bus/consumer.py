@@ -22,8 +22,10 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
+from dart.bus import prom
 from dart.bus.config import BusConfig
 from dart.bus.producer import Producer
+from dart.config import event_log_fields, log_context
 from dart.errors import DecodeError
 from dart.events import DeadLetter, Event, decode
 
@@ -181,6 +183,8 @@ class Consumer:
                     fetch.cancel()
                     break
                 batches = fetch.result()
+                prom.consumed(self.group, batches)
+                await prom.lag(consumer, self.group)
                 if self.pipeline_records:
                     await self._pipeline(consumer, batches)
                     batches = {}
@@ -332,7 +336,9 @@ class Consumer:
     async def _retrying(self, fn: Callable[[Any], Awaitable[T]], arg: Any) -> T:
         for attempt in range(self.handler_retries + 1):
             try:
-                return await fn(arg)
+                fields = event_log_fields(arg.event) if isinstance(arg, Delivered) else {}
+                with prom.handling(self.group), log_context(**fields):  # JSON log lines name the record's ids
+                    return await fn(arg)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -345,6 +351,7 @@ class Consumer:
 
     async def _dead_letter(self, rec: Any, stage: str, exc: BaseException) -> None:
         self.dead_lettered += 1
+        prom.dead_lettered(self.group, stage)
         log.error("%s: %s failed for %s[%d]@%d: %s: %s -> dead-letter topic", self.group, stage, rec.topic,
                   rec.partition, rec.offset, type(exc).__name__, exc)
         letter = dead_letter(rec, run_id=self.cfg.prefix, producer=self.client_id, group=self.group, stage=stage,

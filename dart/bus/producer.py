@@ -17,6 +17,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import Producer as _KafkaProducer
 
+from dart.bus import prom
 from dart.bus.config import BusConfig
 from dart.errors import BusError
 from dart.events import Event, ReplyRoute, encode
@@ -80,6 +81,7 @@ class Producer:
         while True:
             try:
                 self._p.produce(topic, **kwargs)
+                prom.produced(topic)
                 return
             except BufferError:
                 # Local queue full: let the poller drain deliveries, then try again.
@@ -88,6 +90,7 @@ class Producer:
                 raise BusError(f"cannot produce to {topic}: {exc}") from exc
 
     def _route(self, event: Event, topic: str | None, key: bytes | None) -> tuple[str, bytes | None]:
+        prom.event_produced(event)  # every event sent passes here: the timings it carries
         topics = self.cfg.topics
         return (topic or topics.for_event(type(event)), key if key is not None else topics.key_of(event))
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from dart.bus import prom
 from dart.bus.config import BusConfig
 from dart.bus.producer import REPLY_TO_HEADER, Producer
 from dart.bus.topics import Topics
@@ -126,6 +127,8 @@ class ReplyInbox:
         me = self.worker_id.encode()
         while True:
             batch = await self._consumer.getmany(timeout_ms=1000)
+            prom.consumed(f"{self.worker_id}-inbox", batch)  # no group: the inbox reads its partition by itself
+            await prom.lag(self._consumer, f"{self.worker_id}-inbox")
             for records in batch.values():
                 self.read += len(records)
                 for rec in records:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import logging
 import os
 import sys
@@ -46,6 +48,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("report", help="success, difficulty, utilisation and staleness: text + PNG plots")
     _add_target_args(p)
     p.add_argument("--out", type=Path, help="directory for report.txt and the PNG plots")
+    p.add_argument("--json", action="store_true", help="the report's tables as one JSON object on stdout")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("trace", help="one trajectory as pictures: each step's screenshot with its action drawn "
@@ -71,10 +74,7 @@ def register(sub: Any) -> None:
 def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", nargs="*",
                    help="RUN_DIR: replay its archived log (RUN_DIR/log, no broker needed) against its store "
-                        "(RUN_DIR/chdb); none: the live broker's topics; `decision RUN_DIR ROLLOUT_ID STEP`: "
-                        "re-run the policy on a logged observation with the version that acted")
-    p.add_argument("--worker-config", type=Path, help="decision: the rollout worker's config "
-                                                      "(default RUN_DIR/config/rollout-0.yaml)")
+                        "(RUN_DIR/chdb); none: the live broker's topics")
     add_bus_args(p)  # --config: its `bus:` and `data:` sections name the log and the live store
     until = p.add_mutually_exclusive_group()
     until.add_argument("--until-ms", type=int, help="with RUN_DIR: only records with a Kafka timestamp <= this "
@@ -221,12 +221,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         report = build_report(lambda sql: client.query(sql).result_rows)
     finally:
         client.close()
-    print(report.text())
+    print(json.dumps(dataclasses.asdict(report), indent=1) if args.json else report.text())
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report.txt").write_text(report.text() + "\n")
         for path in write_plots(report, args.out):
-            print(f"wrote {path}")
+            print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dart.bus import BusConfig, read_topic
+from dart.config import progress
 from dart.data import projection as q
 from dart.data.store import Store
 from dart.errors import DecodeError
@@ -149,7 +150,7 @@ async def rebuild(bus: BusConfig, store: Store, *, chunk: int = 5000,
     """
     store.migrate()
     counts: dict[str, int] = {}
-    for topic in bus.topics.all():
+    for topic in progress(bus.topics.all(), desc="replay", unit="topic"):
         buf: list[Event] = []
         n = 0
         async for d in read_topic(bus, topic, idle_timeout_s=2.0):
@@ -203,7 +204,9 @@ def rebuild_from_archive(log_dir: Path, store: Store, *, until_ms: int | None = 
         raise ArchiveError(f"{log_dir}: no archive files to replay")
     counts: dict[str, int] = {}
     buf: list[Event] = []
-    for topic, event in archived_events(log_dir, until_ms=until_ms):
+    total = sum(seg.records for segs in list_segments(log_dir).values() for seg in segs)
+    for topic, event in progress(archived_events(log_dir, until_ms=until_ms), total=total, desc="replay",
+                                 unit="event"):
         buf.append(event)
         counts[topic] = counts.get(topic, 0) + 1
         if len(buf) >= chunk:

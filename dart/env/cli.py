@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from dart.config import progress
 from dart.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -268,7 +269,7 @@ def _fetch(args: argparse.Namespace) -> int:
     urls = list(dict.fromkeys(u for t in tasks for u in task_urls(t)))
     todo = [u for u in urls if not cache.has(u)]
     missing: list[tuple[str, str]] = []
-    for url in todo:
+    for url in todo if args.list else progress(todo, desc="fetch", unit="file"):
         if args.list:
             missing.append((url, "not fetched"))
         elif args.inbox is not None:

@@ -7,13 +7,18 @@ A run directory or its ``log/`` folder may be named: ``dart log verify runs/loca
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import json
 import logging
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from dart.bus.cli import add_bus_args, bus_from_args
-from dart.config import build, load_yaml
+from dart.config import build, load_yaml, progress
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +40,7 @@ def register(sub: Any) -> None:
     lsub = p.add_subparsers(dest="log_command", required=True)
     e = lsub.add_parser("ls", help="topics, records, offset ranges, bytes and gaps of an archive")
     e.add_argument("path", help="run directory or archive directory")
+    e.add_argument("--json", action="store_true", help="one JSON object per partition, in a list")
     e.set_defaults(func=cmd_ls)
     e = lsub.add_parser("verify", help="every file readable, offsets contiguous, every record decodes "
                                        "(exit 1 otherwise, naming the file and offset)")
@@ -75,7 +81,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from dart.log.check import format_listing, listing
 
     rows = listing(log_dir_of(args.path))
-    print(format_listing(rows))
+    print(json.dumps([dataclasses.asdict(r) for r in rows], indent=1) if args.json else format_listing(rows))
     return 0 if rows else 1
 
 
@@ -93,21 +99,54 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if verdict.ok else 1
 
 
+@contextlib.contextmanager
+def counting(count: Callable[[], int], *, desc: str, unit: str) -> Iterator[None]:
+    """A progress bar (on a terminal) that shows ``count()`` every 0.2 s while the block runs."""
+    bar = progress(desc=desc, unit=unit)
+    done = threading.Event()
+
+    def show() -> None:
+        while not done.wait(0.2):
+            bar.update(count() - bar.n)
+
+    shower = threading.Thread(target=show, daemon=True)
+    if not bar.disable:
+        shower.start()
+    try:
+        yield
+    finally:
+        done.set()
+        if shower.is_alive():
+            shower.join()
+        bar.close()
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from dart.log.archiver import Archiver, ArchiverConfig
 
     where = log_dir_of(args.path)
-    per_topic = Archiver(ArchiverConfig(log_dir=where), bus_from_args(args)).run(until_caught_up=True)
+    archiver = Archiver(ArchiverConfig(log_dir=where), bus_from_args(args))
+    with counting(lambda: archiver.archived, desc="export", unit="record"):
+        per_topic = archiver.run(until_caught_up=True)
     print(f"exported {sum(per_topic.values())} records of {len(per_topic)} topics into {where}")
     return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from dart.log import list_segments
     from dart.log.restore import import_archive
 
     where = log_dir_of(args.path)
     bus = bus_from_args(args)
-    done = import_archive(where, bus, force=args.force, progress=lambda line: log.info("import %s", line))
+    parts = list_segments(where)
+    bar = progress(total=len(parts), desc="import", unit="partition")
+
+    def imported(line: str) -> None:
+        log.info("import %s", line)
+        bar.update(1)
+
+    done = import_archive(where, bus, force=args.force, progress=imported)
+    bar.close()
     print(f"imported {sum(done.records.values())} records of {len(done.records)} topics into {bus.bootstrap} in "
           f"{done.seconds} s; consumer-group offsets restored for {len(done.groups)} groups")
     return 0

@@ -4,6 +4,7 @@ decision re-run: both read across services, so they live in the composition root
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -29,16 +30,34 @@ def register(sub: Any) -> None:
     p.add_argument("--checkpoint", type=Path, help="trainer checkpoint dir (step-N) whose weights to load")
     p.add_argument("--latest", action="store_true", help="the run's latest trainer checkpoint")
     p.add_argument("--episodes", type=int, help="evaluation episodes (default: the recipe's)")
+    p.add_argument("--json", action="store_true", help="the result as one JSON object (success, episodes, "
+                                                       "model, checkpoint, by_instruction)")
     p.set_defaults(func=cmd_eval)
 
     from dart.data.cli import add_replay_args
 
-    p = sub.add_parser("replay", help="rebuild the projection from the log into a fresh store and prove it "
-                                      "equal to the live one, table by table (exit 1 on any difference); "
-                                      "`replay decision RUN_DIR ROLLOUT_ID STEP` re-runs one logged decision, "
-                                      "`replay update RUN_DIR VERSION` one logged trainer update")
-    add_replay_args(p)
-    p.set_defaults(func=cmd_replay)
+    p = sub.add_parser("replay", help="store (the default): rebuild the projection from the log and prove it "
+                                      "equal to the live one; decision: re-run one logged decision; update: "
+                                      "re-run one logged trainer update")
+    p.__class__ = _ReplayParser
+    rsub = p.add_subparsers(dest="replay_command", metavar="{store,decision,update}",
+                            parser_class=argparse.ArgumentParser)
+    r = rsub.add_parser("store", help="rebuild the projection from the log into a fresh store and prove it equal "
+                                      "to the live one, table by table (exit 1 on any difference); `dart replay "
+                                      "RUN_DIR` means `dart replay store RUN_DIR`")
+    add_replay_args(r)
+    r.set_defaults(func=cmd_replay_store)
+    r = rsub.add_parser("decision", help="re-run the policy on a logged observation with the version that acted")
+    r.add_argument("run_dir", type=Path, help="the run's directory")
+    r.add_argument("rollout_id", help="the trajectory")
+    r.add_argument("step", type=int, help="its step index")
+    r.add_argument("--worker-config", type=Path, help="the rollout worker's config "
+                                                      "(default RUN_DIR/config/rollout-0.yaml)")
+    r.set_defaults(func=cmd_replay_decision)
+    r = rsub.add_parser("update", help="re-run one logged trainer update from its checkpoint and batch")
+    r.add_argument("run_dir", type=Path, help="the run's directory")
+    r.add_argument("version", type=int, help="the policy version the update made")
+    r.set_defaults(func=cmd_replay_update)
 
 
 def load_stack_config(path: Path, args: argparse.Namespace | None = None) -> Any:
@@ -77,7 +96,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import dataclasses
 
     from dart.blobs import LocalBlobStore
-    from dart.stack.episodes import evaluate
+    from dart.stack.episodes import evaluate, success_by_instruction
     from dart.stack.recipe import make_tasks
     from dart.stack.up import latest_checkpoint, load_checkpoint_policy
 
@@ -88,32 +107,51 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model = args.model or (workdir / "warm")
     _, held_out = make_tasks(recipe)
     policy = load_checkpoint_policy(model, checkpoint)
+    outcomes: list[tuple[dict[str, Any], bool]] = []
     rate = evaluate(policy, held_out, recipe.eval_episodes, store=LocalBlobStore(workdir / "blobs"), recipe=recipe,
-                    phase=3)
+                    phase=3, outcomes=outcomes)
+    if args.json:
+        print(json.dumps({"success": rate, "episodes": recipe.eval_episodes, "model": str(model),
+                          "checkpoint": str(checkpoint) if checkpoint else None,
+                          "by_instruction": [{"instruction": ins, "tasks": n, "success": r}
+                                             for ins, (n, r) in success_by_instruction(outcomes).items()]}))
+        return 0
     what = f"{model}" + (f" + {checkpoint.name}" if checkpoint else "")
     print(f"held-out success of {what}: {rate:.1%} over {recipe.eval_episodes} episodes")
     return 0
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
+REPLAY_COMMANDS = ("store", "decision", "update")
+
+
+class _ReplayParser(argparse.ArgumentParser):
+    """`dart replay` without a subcommand (``dart replay RUN_DIR``, ``dart replay --config F``) is
+    `dart replay store ...`, as it was before the subcommands."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        args = list(args or [])
+        if not args or args[0] not in (*REPLAY_COMMANDS, "-h", "--help"):
+            args = ["store", *args]
+        return super().parse_known_args(args, namespace)
+
+
+def cmd_replay_store(args: argparse.Namespace) -> int:
     from dart.data.cli import cmd_replay as replay_store
-    from dart.errors import ConfigError
 
-    if args.target[:1] == ["update"]:
-        if len(args.target) != 3 or not args.target[2].isdigit():
-            raise ConfigError("replay update: expected RUN_DIR VERSION (VERSION a number)")
-        from dart.stack.debug import replay_update
+    return replay_store(args)
 
-        update = replay_update(Path(args.target[1]), int(args.target[2]))
-        print(update.text())
-        return 0 if update.identical else 1
-    if args.target[:1] != ["decision"]:
-        return replay_store(args)
-    if len(args.target) != 4 or not args.target[3].isdigit():
-        raise ConfigError("replay decision: expected RUN_DIR ROLLOUT_ID STEP (STEP a number)")
+
+def cmd_replay_update(args: argparse.Namespace) -> int:
+    from dart.stack.debug import replay_update
+
+    update = replay_update(args.run_dir, args.version)
+    print(update.text())
+    return 0 if update.identical else 1
+
+
+def cmd_replay_decision(args: argparse.Namespace) -> int:
     from dart.stack.debug import replay_decision
 
-    _, run_dir, rollout_id, step = args.target
-    result = replay_decision(Path(run_dir), rollout_id, int(step), worker_config=args.worker_config)
+    result = replay_decision(args.run_dir, args.rollout_id, args.step, worker_config=args.worker_config)
     print(result.text())
     return 0 if result.identical else 1

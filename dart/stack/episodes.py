@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,6 +20,7 @@ from dart.agent.actions import TERMINAL_KINDS, Action, InvalidAction
 from dart.agent.prompt import blob_image_loader, build_messages, prompt_hash
 from dart.agent.uitars import parse_actions
 from dart.blobs import BlobStore
+from dart.config import progress
 from dart.env.synthetic import SyntheticBackend
 from dart.events import HistoryTurn, Sampling
 from dart.events.manifest import PromptContext
@@ -121,10 +122,19 @@ async def evaluate_async(engine: Answerer, tasks: Sequence[dict[str, Any]], epis
                                   max_new_tokens=recipe.max_new_tokens, seed=sampling_seed(recipe.seed, phase, e, i))
 
     schedule = eval_schedule(tasks, episodes)
+    bar = progress(total=len(schedule), desc="evaluation", unit="episode")
+
+    async def counted(episode: Awaitable[Trajectory]) -> Trajectory:
+        try:
+            return await episode
+        finally:
+            bar.update(1)
+
     trajectories = await asyncio.gather(*(
-        run_episode(engine, task, store=store, recipe=recipe, sampling=sampling_of(e), group_id=f"eval:{e}",
-                    rollout_id=f"eval:{phase}:{e}")
+        counted(run_episode(engine, task, store=store, recipe=recipe, sampling=sampling_of(e), group_id=f"eval:{e}",
+                            rollout_id=f"eval:{phase}:{e}"))
         for e, task in enumerate(schedule)))
+    bar.close()
     if outcomes is not None:
         outcomes.extend((task, t.reward >= 1.0) for task, t in zip(schedule, trajectories, strict=True))
     return sum(t.reward >= 1.0 for t in trajectories) / len(trajectories)

@@ -91,6 +91,8 @@ def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path,
     }
     # The archiver writes the log to RUN_DIR/log as it happens: the run's durable copy of the log.
     out["archiver"] = {"archiver": {"log_dir": str(workdir / "log"), "flush_interval_s": 1.0}}
+    if cfg.tensorboard:  # TensorBoard files from the log (`dart metrics`), as the run goes
+        out["metrics"] = {"metrics": {"out_dir": str(workdir / "tensorboard"), "blobs": blobs}}
     if cfg.pipeline == "coupled":
         data["pipeline"] = "coupled"
     out["data-manager"] = {"data": deep_merge(data, cfg.data.options)}
@@ -110,11 +112,12 @@ def validate(sections: dict[str, dict[str, Any]]) -> None:
     from dart.data.config import DataConfig
     from dart.env.config import EnvWorkerConfig
     from dart.log.archiver import ArchiverConfig
+    from dart.obs.sink import MetricsConfig
     from dart.rollout.service import RolloutWorkerConfig
     from dart.train.config import TrainerConfig
 
     kinds = {"env": EnvWorkerConfig, "rollout": RolloutWorkerConfig, "train": TrainerConfig, "data": DataConfig,
-             "archiver": ArchiverConfig}
+             "archiver": ArchiverConfig, "metrics": MetricsConfig}
     for name, body in sections.items():
         for section, data in body.items():
             if section == "serve":  # command-line flags, not a config file
@@ -131,17 +134,17 @@ def service_specs(sections: dict[str, dict[str, Any]], config_dir: Path, *,
     ``nice`` lowers the priority of the services of a kind (env, rollout, serve, data, train)."""
     nice = nice or {}
     commands = {"env": "env-worker", "rollout": "rollout-worker", "train": "train", "data": "data-manager",
-                "archiver": "archiver"}
+                "archiver": "archiver", "metrics": "metrics"}
     specs = []
     for name, body in sections.items():
         (section,) = body
         if section == "serve":
             flags = [(f"--{key.replace('_', '-')}", str(value)) for key, value in body["serve"].items()]
             specs.append(ServiceSpec(name=name, argv=("serve", *(part for flag in flags for part in flag)),
-                                     nice=nice.get(section, 0)))
+                                     nice=nice.get(section, 0), env={"DART_SERVICE": name}))
             continue
         path = config_dir / f"{name}.yaml"
         # `dart train CONFIG` takes its file as a positional argument; the others as --config.
         argv = (commands[section], str(path)) if section == "train" else (commands[section], "--config", str(path))
-        specs.append(ServiceSpec(name=name, argv=argv, nice=nice.get(section, 0)))
+        specs.append(ServiceSpec(name=name, argv=argv, nice=nice.get(section, 0), env={"DART_SERVICE": name}))
     return specs

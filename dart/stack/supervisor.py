@@ -9,6 +9,8 @@ are left consistent.
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
 import os
 import signal
@@ -63,6 +65,15 @@ def _lower_priority(nice: int):
     return lower
 
 
+def start_line(spec: ServiceSpec, *, json_lines: bool) -> str:
+    """The line a service's log gets before each start: a JSON object when its lines are JSON."""
+    if json_lines:
+        return json.dumps({"time": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+                           .replace("+00:00", "Z"), "level": "INFO", "logger": "dart.stack.supervisor",
+                           "message": f"starting dart {' '.join(spec.argv)}", "worker_id": spec.name}) + "\n"
+    return f"\n==== {time.strftime('%H:%M:%S')} starting dart {' '.join(spec.argv)}\n"
+
+
 class Supervisor:
     """Starts, watches, restarts and stops a set of services."""
 
@@ -78,10 +89,11 @@ class Supervisor:
     def _spawn(self, spec: ServiceSpec) -> subprocess.Popen[bytes]:
         log_path = self.logdir / f"{spec.name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its whole life
-        out.write(f"\n==== {time.strftime('%H:%M:%S')} starting dart {' '.join(spec.argv)}\n".encode())
+        env = {**self.base_env, **spec.env}
+        out.write(start_line(spec, json_lines=env.get("DART_LOG_FORMAT") == "json").encode())
         out.flush()
         return subprocess.Popen([self.python, "-m", "dart.cli", *spec.argv], stdout=out, stderr=subprocess.STDOUT,
-                                env={**self.base_env, **spec.env}, start_new_session=True,
+                                env=env, start_new_session=True,
                                 preexec_fn=_lower_priority(spec.nice) if spec.nice else None)
 
     def start(self, spec: ServiceSpec) -> None:

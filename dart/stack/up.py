@@ -133,7 +133,12 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
     # A reply partition per env worker (worker i reads partition i): none reads another's answers.
     bus = BusConfig(bootstrap=cfg.bootstrap or broker.bootstrap, prefix=f"dart-{cfg.run_id}",  # type: ignore[union-attr]
                     partitions={"rollout.actions": max(4, cfg.env.workers)})
-    supervisor = Supervisor(workdir / "logs", base_env={"DART_BOOTSTRAP": bus.bootstrap})
+    # Every service serves Prometheus /metrics on a port of its own and writes it to WORKDIR/metrics/<name>.port.
+    for stale in (workdir / "metrics").glob("*.port"):
+        stale.unlink()
+    supervisor = Supervisor(workdir / "logs", base_env={"DART_BOOTSTRAP": bus.bootstrap,
+                                                        "DART_METRICS_DIR": str(workdir / "metrics"),
+                                                        "DART_RUN_ID": cfg.run_id})
     try:
         ensure_topics(bus)
         restored = broker is not None and restore_log(workdir / "log", bus)
@@ -197,6 +202,9 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
             say(f"dart serve answers on {url} ({waited:.0f} s after dart up started it)")
         for spec in rollouts:
             supervisor.start(spec)
+        if "metrics" in sections:
+            say(f"watch it: tensorboard --logdir {workdir / 'tensorboard'} --host 127.0.0.1; Prometheus /metrics "
+                f"ports in {workdir / 'metrics'}/<service>.port")
 
         summary.update(_rl_phase(cfg, supervisor, workdir, stop_after_s=stop_after_s, broker=broker, bus=bus))
     except KeyboardInterrupt:
@@ -207,9 +215,10 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
             # Producers first; the data manager last, so it projects everything they wrote
             # (on SIGTERM it stops deciding, drains the log's tail into the store, then exits).
             # The archiver goes after the data manager: the log's last records reach the archive.
-            producers = [n for n in supervisor.services if n not in ("data-manager", "archiver")]
+            # The metrics sink reads on to the log's end once nothing writes to it any more.
+            producers = [n for n in supervisor.services if n not in ("data-manager", "archiver", "metrics")]
             supervisor.stop(producers)
-            for last in ("data-manager", "archiver"):
+            for last in ("data-manager", "archiver", "metrics"):
                 if last in supervisor.services:
                     supervisor.stop([last])
         if broker is not None:

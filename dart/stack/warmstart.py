@@ -23,6 +23,7 @@ from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt, 
 from dart.agent.tiny import build_tiny
 from dart.agent.uitars import parse_actions, render_response
 from dart.blobs import BlobStore
+from dart.config import progress
 from dart.env.synthetic import oracle_trace, render_png, screen_of
 from dart.errors import ConfigError
 from dart.events import HistoryTurn
@@ -142,7 +143,8 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
     best: tuple[float, int, dict[str, Any]] | None = None   # (success, step, weights) of the best check
     success = -1.0
     next_check, close = recipe.sft_check_every, False
-    for step, chunk in enumerate(shuffled_chunks(kept, size, rng), start=1):
+    chunks = progress(shuffled_chunks(kept, size, rng), total=recipe.sft_steps, desc="SFT", unit="step")
+    for step, chunk in enumerate(chunks, start=1):
         batch = collate(chunk, torch.ones(size, dtype=torch.bool), pad_id=policy.pad_token_id)
         logp_B_T, _ = engine.forward(batch)
         loss, _ = nll_loss(logp_B_T, batch.mask_B_T)

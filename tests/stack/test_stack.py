@@ -31,8 +31,10 @@ def test_the_default_config_builds_every_service(tmp_path):
     from dart.config import load_yaml
 
     out = sections(load_yaml(REPO / "configs" / "synthetic.yaml"), tmp_path)
-    assert set(out) == {"env-0", "rollout-0", "trainer", "data-manager", "archiver"}
+    assert set(out) == {"env-0", "rollout-0", "trainer", "data-manager", "archiver", "metrics"}
     assert out["archiver"]["archiver"]["log_dir"] == str(tmp_path / "log")
+    assert out["metrics"]["metrics"]["out_dir"] == str(tmp_path / "tensorboard")
+    assert "metrics" not in sections({"tensorboard": False}, tmp_path)
 
 
 def test_rollout_workers_and_trainer_get_the_same_prompt_and_model(tmp_path):

@@ -1,0 +1,56 @@
+"""`dart metrics`: TensorBoard event files of a run, live from the log or from a finished run's archive."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from dart.bus.cli import add_bus_args, bus_from_args
+from dart.config import build, load_yaml
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "metrics", help="TensorBoard event files from the log: live (a service of `dart up`) or, given RUN_DIR, "
+                        "from its archive after the fact (the same records)")
+    p.add_argument("run_dir", nargs="?", type=Path,
+                   help="a finished run's directory: read RUN_DIR/log (no broker needed), write RUN_DIR/tensorboard")
+    p.add_argument("--out", type=Path, help="directory of the event files")
+    p.add_argument("--blobs", help="blob store of the screenshots (default RUN_DIR/blobs)")
+    p.add_argument("--image-every-versions", type=int, help="pictures of trajectories at every N policy versions")
+    p.add_argument("--images-per-version", type=int, help="trajectories drawn at such a version (0: none)")
+    add_bus_args(p)  # --config: its `metrics:` section configures the live sink
+    p.set_defaults(func=cmd_metrics)
+
+
+def metrics_config(args: argparse.Namespace) -> Any:
+    from dart.obs.sink import MetricsConfig
+
+    data: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        data = dict(load_yaml(args.config).get("metrics", {}) or {})
+    if args.run_dir is not None:
+        data.setdefault("out_dir", str(args.run_dir / "tensorboard"))
+        if (args.run_dir / "blobs").is_dir():
+            data.setdefault("blobs", str(args.run_dir / "blobs"))
+    for flag, key in (("out", "out_dir"), ("blobs", "blobs"), ("image_every_versions", "image_every_versions"),
+                      ("images_per_version", "images_per_version")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            data[key] = str(value) if isinstance(value, Path) else value
+    return build(MetricsConfig, data, path="metrics")
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from dart.obs.sink import from_archive, run_live
+
+    cfg = metrics_config(args)
+    if args.run_dir is not None:
+        from dart.log.cli import log_dir_of
+
+        done = from_archive(log_dir_of(args.run_dir), cfg)
+        print(f"{done['records']} TensorBoard records from {done['events']} events in {cfg.out_dir} "
+              f"(tensorboard --logdir {cfg.out_dir} --host 127.0.0.1)")
+        return 0
+    return run_live(cfg, bus_from_args(args))
