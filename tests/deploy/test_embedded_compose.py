@@ -20,7 +20,10 @@ BROKER = "127.0.0.1:39092"
 DART_ENV = {"DART_BOOTSTRAP": BROKER, "DART_TOPIC_PREFIX": "dart"}
 HEALTHY = {"condition": "service_healthy"}
 DONE = {"condition": "service_completed_successfully"}
+STARTED = {"condition": "service_started"}
 AFTER_RESTORE = {"broker": HEALTHY, "log-restore": DONE}
+# Writers depend on the archiver: `down` stops them before it, so it archives all they wrote.
+WRITER = {**AFTER_RESTORE, "archiver": STARTED}
 ETC_DART = f"{CONFIG_DIR}:/etc/dart:ro"
 
 # Services only one file has.
@@ -36,11 +39,11 @@ DIFFERENT: dict[tuple[str, str], Any] = {
                                   "--dsn", "chdb:///data/chdb/store"],  # embedded chdb, not ClickHouse
     ("data-manager", "volumes"): [ETC_DART, "blobs:/data/blobs:rw", "secrets:/run/dart-secrets:ro",
                                   "projection:/data/chdb:rw"],
-    ("data-manager", "depends_on"): AFTER_RESTORE,
+    ("data-manager", "depends_on"): WRITER,
     ("archiver", "depends_on"): AFTER_RESTORE,
-    ("env-worker", "depends_on"): AFTER_RESTORE,
-    ("rollout-worker", "depends_on"): {**AFTER_RESTORE, "model-init": DONE},
-    ("trainer", "depends_on"): {**AFTER_RESTORE, "model-init": DONE},
+    ("env-worker", "depends_on"): WRITER,
+    ("rollout-worker", "depends_on"): {**WRITER, "model-init": DONE},
+    ("trainer", "depends_on"): {**WRITER, "model-init": DONE},
 }
 # Environment variables only the full file sets: the ClickHouse server's password.
 ENV_ONLY_FULL = {"data-manager": {"CLICKHOUSE_PASSWORD"}}
@@ -146,6 +149,8 @@ def test_the_broker_is_rebuilt_from_the_archive_before_anything_writes() -> None
         if name in ("broker", "topics-init", "log-restore", "secrets-init", "model-init"):
             continue
         assert svc["depends_on"].get("log-restore") == DONE, name
+        if svc.get("restart") != "no" and name != "archiver":  # stopped before the archiver
+            assert svc["depends_on"].get("archiver") == STARTED, name
 
 
 def test_every_named_volume_mount_point_is_made_by_the_image_for_its_user() -> None:
