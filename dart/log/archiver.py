@@ -196,7 +196,7 @@ class Archiver:
                 now = time.monotonic()
                 if self._stop.is_set() and drain_until is None:
                     # Stopped: archive up to every partition's end first (bounded by drain_s).
-                    drain_until, until_caught_up = now + self.cfg.drain_s, True
+                    drain_until = now + self.cfg.drain_s
                 if drain_until is not None and now >= drain_until:
                     break
                 if now >= next_meta:
@@ -221,9 +221,11 @@ class Archiver:
                 self._roll_due(time.monotonic())
                 self._check_probes(time.monotonic())
                 probing = any(st.probe is not None for st in self.parts.values())
+                at_every_end = not probing and bool(at_end) and all(k in at_end for k in self._assigned())
+                if at_every_end and drain_until is not None:
+                    break
                 if until_caught_up and not probing and (
-                    (at_end and all(k in at_end for k in self._assigned()))
-                    or time.monotonic() - last_record > idle_exit_s
+                    at_every_end or time.monotonic() - last_record > idle_exit_s
                 ):
                     break
         finally:
