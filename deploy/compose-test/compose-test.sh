@@ -51,12 +51,13 @@ phase() {
 }
 fail() { say "FAILED in phase ${PHASE:-start}: $*" >&2; exit 1; }
 compose() { docker-compose -f "$COMPOSE_FILE" -p "$PROJECT" "$@"; }
-# A one-off container of the image with the project's volumes ($1: volume:path[:ro] list).
+# A one-off container of the image with the project's volumes ($1: volume:path[:ro] list), at
+# most 5 minutes.
 in_image() {
   local mounts=() v
   for v in $1; do mounts+=(-v "${PROJECT}_$v"); done
   shift
-  docker run --rm --network host -e "DART_BOOTSTRAP=127.0.0.1:$BROKER_PORT" "${mounts[@]}" -v "$REPO/deploy/compose-test:/opt/compose-test:ro" "$IMAGE" "$@"
+  timeout 300 docker run --rm --network host -e "DART_BOOTSTRAP=127.0.0.1:$BROKER_PORT" "${mounts[@]}" -v "$REPO/deploy/compose-test:/opt/compose-test:ro" "$IMAGE" "$@"
 }
 
 cleanup() {
@@ -197,12 +198,21 @@ check_volumes() {
   say "dart sql: trajectories, last weight version, steps = $SQL"
 }
 
+# Bring the stack up (one-shots run to completion first); its output only when it fails.
+stack_up() {
+  timeout 900 docker-compose -f "$COMPOSE_FILE" -p "$PROJECT" up -d --no-build > "$ROOT/up.log" 2>&1 \
+    || { tail -30 "$ROOT/up.log"; compose ps; fail "docker-compose up failed (output above)"; }
+}
+
 phase up
-compose up -d --no-build 2>&1 | grep -v -E '^(Creating|Starting)' || true
+for port in "$BROKER_PORT"; do
+  (exec 3<> "/dev/tcp/127.0.0.1/$port") 2> /dev/null && fail "127.0.0.1:$port is taken: the embedded broker needs it (DART_EMBEDDED_BROKER_PORT)"
+done
+stack_up
 [ "$(compose ps -q | wc -l)" -ge 11 ] || { compose ps; fail "docker-compose up did not create the 11 containers"; }
 # The tiny random policy never succeeds: a pool success per task lets the batcher make batches.
 in_image "blobs:/data/blobs models:/data/models:ro" python /opt/compose-test/experience.py \
-  /data/models/policy /data/blobs compose | sed 's/^/  experience: /' || fail "experience import"
+  /data/models/policy /data/blobs compose || fail "experience import"
 wait_for_version "$VERSIONS"
 
 phase down
@@ -218,7 +228,7 @@ last_version=$(field "$FIRST" "max(weights)")
 first_records=$(field "$FIRST" "records")
 
 phase up-again
-compose up -d --no-build 2>&1 | grep -v -E '^(Creating|Starting)' || true
+stack_up
 restored=$(compose logs --no-color log-restore 2>&1 | grep -o 'imported [0-9]* records' | tail -1)
 say "log-restore: ${restored:-nothing logged}"
 [ "$restored" = "imported $first_records records" ] \
