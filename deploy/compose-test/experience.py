@@ -4,9 +4,10 @@ into the experience pool, through `dart experience import`.
 The compose stack starts from a tiny random policy (model-init), which never solves a task, and
 the batcher keeps a group only when it holds a success (DART injects a pool success into a group
 whose rollouts all failed). With an empty pool no batch is ever made and the trainer publishes
-nothing. Each pool trajectory here is one step on a blank screenshot answering `finished()`:
-enough for the batcher and the trainer's SFT term, and made with the tokenizer of the policy in
-the models volume only. Usage (in the dart image, broker at $DART_BOOTSTRAP, volumes mounted):
+nothing. Each pool trajectory here is one step on a blank screenshot answering `finished()`,
+made with the tokenizer of the policy in the models volume only: enough for the batcher. The
+trainer drops that step (its prompt_hash is empty: no rollout built its prompt) and trains on
+the group's own rollouts, so this tests the plumbing, not learning. Usage (in the dart image, broker at $DART_BOOTSTRAP, volumes mounted):
     python experience.py /data/models/policy /data/blobs RUN_ID
 """
 
