@@ -16,7 +16,7 @@ FUZZ_TESTS := tests/events/test_codec_fuzz.py tests/agent/test_uitars_properties
               tests/vm/test_protocol_fuzz.py tests/data/test_sqlguard.py
 FUZZ_EXAMPLES ?= 20000
 
-.PHONY: run test fuzz install system-deps bench ablate lint clean
+.PHONY: run test fuzz install system-deps bench ablate lint clean compose-test
 
 run: install
 	$(DART) doctor || true
@@ -40,6 +40,11 @@ bench: install
 # Learning runs are benchmarks, not tests: each is a whole `dart up` (~20-30 min on 2 cores).
 ablate: install
 	$(PY) benchmarks/learning.py --ablate --config configs/chain.yaml --seeds 0 1 2
+
+# deploy/compose/embedded.yml end to end in Docker (root; installs docker.io, debootstrap and
+# docker-compose if missing; its own dockerd; images cached in /var/lib/dart-compose-test).
+compose-test:
+	bash deploy/compose-test/compose-test.sh
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -29,10 +29,11 @@ from fastavro.schema import to_parsing_canonical_form
 
 from dart.errors import DecodeError
 from dart.events.types import EVENT_TYPES, Event
+from dart.resources import resource_dir
 
 MARKER = b"\xc3\x01"
 HEADER_BYTES = 10
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMA_DIR = resource_dir("schemas")
 
 _CRC64_EMPTY = 0xC15D213AA4D7A795
 

@@ -73,11 +73,16 @@ class ArchiverConfig:
     """How often new topics and partitions of the prefix are looked for."""
     groups_interval_s: float = 2.0
     """How often the consumer groups' committed offsets are saved (``_groups.json``)."""
+    drain_s: float = 5.0
+    """On stop, fetch on until every partition's end is archived, for at most this long: stopped
+    after the services that write (as compose stops it), the archiver leaves out nothing the
+    broker held (a dev broker's log lives in memory). 0: stop at once."""
 
     def __post_init__(self) -> None:
         require(self.flush_interval_s > 0, "archiver.flush_interval_s", "must be > 0")
         require(self.segment_records >= 1, "archiver.segment_records", "must be >= 1")
         require(self.merge_count >= 2, "archiver.merge_count", "must be >= 2")
+        require(self.drain_s >= 0, "archiver.drain_s", "must be >= 0")
 
 
 def size_class(records: int, merge_count: int) -> int:
@@ -185,9 +190,15 @@ class Archiver:
         per_topic: dict[str, int] = {}
         next_meta = next_groups = 0.0
         last_record = time.monotonic()
+        drain_until: float | None = None
         try:
-            while not self._stop.is_set():
+            while True:
                 now = time.monotonic()
+                if self._stop.is_set() and drain_until is None:
+                    # Stopped: archive up to every partition's end first (bounded by drain_s).
+                    drain_until = now + self.cfg.drain_s
+                if drain_until is not None and now >= drain_until:
+                    break
                 if now >= next_meta:
                     self._assign_new(consumer)
                     next_meta = now + self.cfg.metadata_interval_s
@@ -210,9 +221,11 @@ class Archiver:
                 self._roll_due(time.monotonic())
                 self._check_probes(time.monotonic())
                 probing = any(st.probe is not None for st in self.parts.values())
+                at_every_end = not probing and bool(at_end) and all(k in at_end for k in self._assigned())
+                if at_every_end and drain_until is not None:
+                    break
                 if until_caught_up and not probing and (
-                    (at_end and all(k in at_end for k in self._assigned()))
-                    or time.monotonic() - last_record > idle_exit_s
+                    at_every_end or time.monotonic() - last_record > idle_exit_s
                 ):
                     break
         finally:

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from dart.config import build, load_yaml
+from dart.resources import config_path
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "synthetic.yaml"
+DEFAULT_CONFIG = config_path("synthetic.yaml")
 
 
 def register(sub: Any) -> None:

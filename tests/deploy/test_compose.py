@@ -202,19 +202,3 @@ def test_gpu_profile_reserves_a_gpu_for_a_vllm_worker(stack: dict[str, Any], gpu
     others = {name for name, s in stack["services"].items() if s.get("profiles") and name != "rollout-worker-gpu"}
     assert not others
     assert all("deploy" not in s for name, s in stack["services"].items() if name != "rollout-worker-gpu")
-
-
-def test_dockerfile_installs_the_cpu_torch_then_dart() -> None:
-    # Instructions only: comments may mention commands in any order.
-    text = "\n".join(line for line in (REPO / "Dockerfile").read_text().splitlines() if not line.startswith("#"))
-    assert re.findall(r"^FROM .*", text, re.MULTILINE) == ["FROM python:3.11-slim-bookworm"]
-    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
-    assert "ARG TORCH_VERSION=2.13.0" in text
-    assert text.index('pip install "torch==${TORCH_VERSION}"') < text.index("pip install -e .")
-    assert "torch.version.cuda" in text  # the build fails if a CUDA torch slipped into the CPU image
-    for pkg in ("xvfb", "xdotool", "openbox", "mousepad", "libreoffice-calc"):
-        assert pkg in text
-    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()}
-    for copied in re.findall(r"^COPY (\S+)", text, re.MULTILINE):
-        assert (REPO / copied).exists() and copied not in ignored, copied
-    assert {".venv", ".git"} <= ignored

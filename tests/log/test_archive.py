@@ -249,3 +249,22 @@ def test_an_archiver_refuses_a_broker_that_holds_less_than_its_archive(tmp_path)
         with pytest.raises(ArchiveError, match="restore the broker"):
             archive(bus, tmp_path / "log")
     assert decode is not None
+
+
+def test_a_stopped_archiver_archives_up_to_the_end_of_the_log_first(bus: BusConfig, tmp_path):
+    """stop() (SIGTERM) drains: what the broker holds when the archiver is told to stop is archived
+    (a dev broker's log lives in memory; compose stops the archiver after the services that write).
+    drain_s=0 stops at once, with nothing fetched."""
+    produce(bus, [heartbeat(i) for i in range(300)])
+    at_once = Archiver(ArchiverConfig(log_dir=tmp_path / "at-once", fsync=False, drain_s=0), bus)
+    at_once.stop()
+    assert at_once.run() == {}
+    assert verify(tmp_path / "at-once").records == 0
+
+    drained = Archiver(ArchiverConfig(log_dir=tmp_path / "drained", fsync=False, drain_s=60), bus)
+    drained.stop()
+    t0 = time.monotonic()
+    assert drained.run() == {bus.topics.heartbeats: 300}
+    assert time.monotonic() - t0 < 30  # it stopped at the log's end, not at the drain bound
+    verdict = verify(tmp_path / "drained")
+    assert verdict.ok and verdict.records == 300

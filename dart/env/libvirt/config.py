@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Literal
 
 from dart.config import require
+from dart.resources import resource_dir
 
-DEPLOY_TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "libvirt" / "domain.xml.tmpl"
+DEPLOY_TEMPLATE = resource_dir("libvirt") / "domain.xml.tmpl"
 _PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,40}$")
 
 
