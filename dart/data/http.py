@@ -41,7 +41,7 @@ from typing import Any
 from aiohttp import web
 
 from dart.data import sqlguard
-from dart.data.config import SqlLimits
+from dart.data.config import HttpConfig, SqlLimits
 from dart.errors import ConfigError, DartError
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,11 @@ _INSERT = re.compile(r"^\s*INSERT\b", re.IGNORECASE)
 _BODY_INSERT = re.compile(rb"^\s*INSERT\b.*?\bFORMAT\s+(\w+)(?:[ \t]*\r?\n|[ \t])?", re.IGNORECASE | re.DOTALL)
 _SETTING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CODE = re.compile(r"Code:\s*(\d+)")
-_REFUSED_CODES = frozenset({"164", "497"})  # READONLY, ACCESS_DENIED
+_REFUSED_CODES = {  # chdb's own refusals under the settings the endpoint applies, and the rule each enforces
+    "164": "read-only, enforced by chdb's readonly = 1",        # READONLY
+    "497": "read-only, enforced by chdb's readonly = 1",        # ACCESS_DENIED
+    "344": "insert-data-is-data, enforced by input_format_values_interpret_expressions = 0",  # SUPPORT_IS_DISABLED
+}
 _IN_SCOPE = re.compile(r"\s*: In scope SELECT formatQuerySingleLine\(.*", re.DOTALL)
 
 
@@ -345,7 +349,7 @@ class Engine:
             data = text.encode("utf-8")
         conn = chdb.connect(self.path)
         try:
-            database = req.database or (None if writer else self.database)
+            database = req.database or self.database
             if database:
                 conn.query(f"USE `{database}`", "TabSeparated")
             if req.settings:
@@ -422,6 +426,14 @@ class SqlServer:
         self._pool = ThreadPoolExecutor(max_workers=self.limits.max_concurrent, thread_name_prefix="dart-sql")
         self._slots = asyncio.Semaphore(self.limits.max_concurrent)
         self._runner: web.AppRunner | None = None
+
+    @classmethod
+    def from_config(cls, http: HttpConfig, path: Path, database: str,
+                    environ: Mapping[str, str] | None = None) -> SqlServer:
+        """The endpoint as the data manager serves it: ``http``'s address and limits, the writer
+        role from ``$<http.writer_password_file_env>`` when set."""
+        return cls(path, host=http.host, port=http.port, limits=http.limits,
+                   writer=writer_from_env(http.writer_user, http.writer_password_file_env, environ), database=database)
 
     @property
     def url(self) -> str:
@@ -511,9 +523,8 @@ class SqlServer:
                                status=400)
         except Exception as exc:  # chdb raises its own error type; report it the ClickHouse way
             m = _CODE.search(str(exc))
-            if m and m.group(1) in _REFUSED_CODES:  # refused by chdb itself (readonly = 1), not failed
-                return self._error(f"{str(exc).rstrip()} (rule: read-only, enforced by chdb's readonly = 1)",
-                                   headers, status=403)
+            if m and m.group(1) in _REFUSED_CODES:  # refused by chdb itself, not failed
+                return self._error(f"{str(exc).rstrip()} (rule: {_REFUSED_CODES[m.group(1)]})", headers, status=403)
             return self._error(str(exc), headers)
         finally:
             self._slots.release()

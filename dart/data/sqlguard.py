@@ -451,7 +451,7 @@ def check_tables(nodes: list[_Node], statement: Statement | None, database: str 
             raise SqlRefused("read-only", f"{' '.join(words[:2])} is refused: analytics clients may run SHOW TABLES "
                              "and SHOW CREATE TABLE of the dart database", code=497, name="ACCESS_DENIED")
         for child in _children(nodes, 0):
-            if child.kind == "Identifier":
+            if child.kind == "Identifier" and child.name != statement.output_format:  # not FORMAT X
                 _check_table(child.name, "", database)
     if root.kind in ("ShowCreateTableQuery", "ExistsTableQuery"):
         parts = root.line.split(" ")
