@@ -120,7 +120,7 @@ def issue_reproducers(live: Live, port: int) -> list[tuple[str, dict]]:
     ]
 
 
-def corpus(live: Live, port: int) -> list[tuple[str, dict]]:
+def corpus(live: Live, port: int) -> tuple[list[str], list[dict]]:
     c, out = str(live.canary), str(live.tmp / "written")
     return [
         # lexer differences: every quote, comment and heredoc ClickHouse knows, hiding a second statement
@@ -155,9 +155,8 @@ def corpus(live: Live, port: int) -> list[tuple[str, dict]]:
         "DROP TABLE trajectories", "INSERT INTO trajectories (rollout_id) VALUES ('pwned')", "KILL QUERY WHERE 1",
         "SYSTEM DROP DNS CACHE", "SET readonly = 0",
     ], [
-        ({}, {"database": "system"}), ({}, {"database": "INFORMATION_SCHEMA"}),
-        ({}, {"format_schema": c}), ({}, {"readonly": "0"}), ({}, {"max_threads": "1\x00"}),
-        ({}, {"default_format": "Template"}),
+        {"database": "system"}, {"database": "INFORMATION_SCHEMA"}, {"format_schema": c}, {"readonly": "0"},
+        {"max_threads": "1\x00"}, {"default_format": "Template"}, {"output_format_schema": out},
     ]
 
 
@@ -176,7 +175,7 @@ def test_each_reproducer_and_the_corpus_is_refused_with_nothing_read_written_or_
         seen.append((sql, status, text))
         assert status in (400, 403), (sql, status, text)
         assert "rule: " in text, (sql, text)
-    for extra, params in url_cases:
+    for params in url_cases:
         status, text = ask(live, "SELECT count() FROM trajectories", params)
         seen.append((str(params), status, text))
         assert status in (400, 403) and "rule: " in text, (params, status, text)
