@@ -158,3 +158,26 @@ def test_the_dev_broker_switches_to_tls_with_one_variable(tmp_path) -> None:
     with broker:
         assert broker_answers(broker.bootstrap, security=BusSecurity.from_env(env))
         assert refused(broker.bootstrap)
+
+
+@pytest.mark.slow
+def test_a_short_dart_up_runs_on_the_tls_dev_broker(tmp_path) -> None:
+    """`dart up` with DART_DEV_BROKER_TLS=1 (its one switch): every service reaches the broker
+    over TLS only (the advertised port serves nothing else) and the run finishes trajectories."""
+    config = tmp_path / "up.yaml"
+    config.write_text(
+        f"run_id: tlsup\nworkdir: {tmp_path / 'run'}\nrl_minutes: 1.5\nmax_trajectories: 2\nevaluate: false\n"
+        "recipe: {train_tasks: 2, eval_tasks: 2, eval_episodes: 2, sft_demos: 2, sft_steps: 1, tasks_per_update: 1, "
+        "group_size: 2, max_new_tokens: 8}\nenv: {slots: 2}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DART_KAFKA_")}
+    env.update(PYTHONPATH=str(ROOT), DART_DEV_BROKER_TLS="1")
+    done = subprocess.run([sys.executable, "-m", "dart.cli", "up", str(config)], env=env, capture_output=True,
+                          text=True, timeout=280)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert " (TLS), pid " in out  # the dev broker answered a TLS metadata request
+    import json
+
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["trajectories"] >= 2 and summary["infra_errors"] == 0
+    assert (tmp_path / "run" / "tls" / "dart-dev-ca.pem").exists()
