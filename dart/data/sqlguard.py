@@ -313,14 +313,19 @@ def _name(tok: _Tok) -> str:
 
 
 def _settings_after(toks: list[_Tok], k: int) -> list[str]:
-    """Names of ``name = value, name = value`` starting at ``toks[k]`` (values are one literal,
-    word or signed number)."""
+    """Names of ``name = value, name, name = value`` starting at ``toks[k]`` (ClickHouse takes a
+    bare ``name`` as ``name = 1``; values are one literal, word or signed number)."""
     names: list[str] = []
-    while k + 1 < len(toks) and toks[k + 1].kind == "=" and (toks[k].kind == "IDENT" or toks[k].kind[:1] in _WORD_START):
+    while k < len(toks) and (toks[k].kind == "IDENT" or toks[k].kind[:1] in _WORD_START):
+        after = toks[k + 1].kind if k + 1 < len(toks) else None
+        if after not in ("=", ",", None, "FORMAT", "SETTINGS", ")"):
+            break
         names.append(_name(toks[k]))
-        k += 2
-        while k < len(toks) and toks[k].kind != ",":
+        k += 1
+        while k < len(toks) and toks[k].kind not in (",", "FORMAT", "SETTINGS", ")"):
             k += 1
+        if k >= len(toks) or toks[k].kind != ",":
+            break
         k += 1
     return names
 

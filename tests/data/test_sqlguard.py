@@ -34,9 +34,17 @@ def test_settings_and_formats_in_the_canonical_text() -> None:
     assert (s.settings, s.settings_clauses, s.output_format) == (("max_threads", "join_use_nulls"), 1, "JSON")
     assert sqlguard.inspect("SELECT 1 FORMAT JSON SETTINGS max_threads = 2").output_format == "JSON"
     assert sqlguard.inspect("SELECT format, settings FROM t").output_format is None
+    # a bare name is name = 1 (found by the fuzz suite: SETTINGS FORMAT is a setting named FORMAT)
+    assert sqlguard.inspect("SELECT 1 SETTINGS join_use_nulls, max_threads = 2").settings == ("join_use_nulls",
+                                                                                             "max_threads")
+    with pytest.raises(sqlguard.SqlRefused, match="settings-allow-list"):
+        sqlguard.inspect("SELECT 1 SETTINGS FORMAT")
     for sql, rule in (("SELECT 1 SETTINGS format_template_resultset = '/etc/passwd' FORMAT Template", "no-file-settings"),
                       ("SELECT 1 SETTINGS max_threads = 1, output_format_schema = '/x'", "no-file-settings"),
                       ("SELECT 1 SETTINGS readonly = 0", "settings-allow-list"),
+                      ("SELECT 1 SETTINGS allow_ddl", "settings-allow-list"),
+                      ("SELECT 1 SETTINGS max_threads = 1, allow_introspection_functions FORMAT JSON",
+                       "settings-allow-list"),
                       ("SELECT 1 FORMAT Protobuf", "no-file-formats"), ("SELECT 1 FORMAT Template", "no-file-formats"),
                       ("SET format_schema = 'x'", "no-file-settings")):
         with pytest.raises(sqlguard.SqlRefused, match=rule):
