@@ -518,9 +518,10 @@ class SqlServer:
         except sqlguard.SqlRefused as exc:
             log.info("refused %s: %s", query_id, exc)
             return self._error(exc.clickhouse_text(), headers, status=403)
-        except sqlguard.BadSql as exc:
-            return self._error(f"Code: 62. DB::Exception: dart SQL endpoint: {exc}. (SYNTAX_ERROR)", headers,
-                               status=400)
+        except sqlguard.BadSql as exc:  # ClickHouse's own syntax error passes through, with the rule
+            text = str(exc) if str(exc).startswith("Code:") else f"Code: 62. DB::Exception: dart SQL endpoint: {exc}. " \
+                "(SYNTAX_ERROR)"
+            return self._error(text, headers, status=400)
         except Exception as exc:  # chdb raises its own error type; report it the ClickHouse way
             m = _CODE.search(str(exc))
             if m and m.group(1) in _REFUSED_CODES:  # refused by chdb itself, not failed
