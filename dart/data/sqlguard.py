@@ -169,6 +169,7 @@ class Statement:
     settings: tuple[str, ...] = ()
     """Names in its SETTINGS clauses (or in a SET statement)."""
     settings_clauses: int = 0
+    """SETTINGS clauses (and a SET statement) whose names were read: the parse may show no more."""
     output_format: str | None = None
     """The name after a trailing ``FORMAT`` (for an INSERT: the format of its data)."""
 
@@ -350,7 +351,7 @@ def inspect(canonical: str) -> Statement:
     for k, t in enumerate(toks):
         if t.kind == "SETTINGS" or (k == 0 and t.kind == "SET"):
             found = _settings_after(toks, k + 1)
-            clauses += bool(found) and t.kind == "SETTINGS"
+            clauses += bool(found)
             settings += found
     for name in settings:
         check_setting(name)
