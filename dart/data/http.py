@@ -30,6 +30,7 @@ import os
 import re
 import socket
 import tempfile
+import urllib.parse
 import uuid
 import zlib
 from collections.abc import Mapping
@@ -237,6 +238,13 @@ def decompress(body: bytes, encoding: str, *, max_bytes: int = 1 << 62) -> bytes
     return out
 
 
+def _check_raw_query(raw: str) -> None:
+    """UnicodeDecodeError for a percent-escape that is not UTF-8 (aiohttp would read it as U+FFFD)."""
+    for part in raw.split("&"):
+        for piece in part.split("=", 1):
+            urllib.parse.unquote_to_bytes(piece.replace("+", " ")).decode("utf-8")
+
+
 def parse_request(query: dict[str, str], body: bytes) -> SqlRequest:
     """The SQL, format and settings of one request (pure). ClickHouse semantics: the ``query``
     parameter is the start of the statement and the body is the rest (or the data of an
@@ -353,7 +361,11 @@ class Engine:
             if database:
                 conn.query(f"USE `{database}`", "TabSeparated")
             if req.settings:
-                conn.query("SET " + ", ".join(f"{k} = {_quote(v)}" for k, v in req.settings.items()), "TabSeparated")
+                try:
+                    conn.query("SET " + ", ".join(f"{k} = {_quote(v)}" for k, v in req.settings.items()),
+                               "TabSeparated")
+                except Exception as exc:  # a value chdb cannot read for that setting: the client's error
+                    raise sqlguard.BadSql(f"a URL setting's value: {str(exc).strip()}", "bad-setting-value") from None
             # After the client's settings, so its own values cannot raise the limits or lift readonly.
             conn.query(self._limit_settings(), "TabSeparated")
             if not writer:
@@ -477,6 +489,7 @@ class SqlServer:
     async def _answer(self, request: web.Request) -> web.Response:
         headers = {"X-ClickHouse-Timezone": "UTC", "X-ClickHouse-Server-Display-Name": "dart-chdb"}
         try:
+            _check_raw_query(request.rel_url.raw_query_string)
             query = {k: v for k, v in request.query.items()}
             query_id = query.get("query_id") or str(uuid.uuid4())
         except (UnicodeError, ValueError) as exc:

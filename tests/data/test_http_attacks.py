@@ -87,6 +87,15 @@ def ask(live: Live, sql: str | bytes | None = None, params: dict | None = None,
         return e.code, e.read().decode("utf-8", "replace")
 
 
+def ask_raw(live: Live, query_string: str) -> tuple[int, str]:
+    """A GET with the query string as given (percent-escapes that are not UTF-8 included)."""
+    try:
+        with urllib.request.urlopen(f"{live.url}?{query_string}", timeout=30) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
+
+
 def as_writer(live: Live) -> dict:
     return {"X-ClickHouse-User": "dart_writer", "X-ClickHouse-Key": live.writer_password}
 
@@ -199,6 +208,11 @@ def test_each_reproducer_and_the_corpus_is_refused_with_nothing_read_written_or_
     assert ask(live, b"SELECT '\xff\xfe'")[0] == 400
     assert ask(live, "SELECT 1\x00")[0] == 400
     assert ask(live, params={"query": "SELECT 1", "param_x": "\x07"})[0] == 400
+    for raw in ("query=SELECT%20%27%ff%27", "query=SELECT%201&%ff=1", "query=SELECT%201&database=%c3%28"):
+        status, text = ask_raw(live, raw)
+        assert status == 400 and "malformed-request" in text, (raw, text)
+    status, text = ask(live, params={"query": "SELECT 1", "max_threads": "many"})
+    assert status == 400 and "bad-setting-value" in text, text
     assert ask(live, "SELECT 42") == (200, "42\n")
     # a limit a client may name is applied, but the server's own value wins
     from dart.data.config import SqlLimits
