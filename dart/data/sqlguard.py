@@ -117,13 +117,18 @@ ALLOWED_SETTINGS = frozenset({
     "join_use_nulls", "max_block_size", "max_threads", "use_query_cache", "enable_json_type",
     "allow_experimental_json_type", "allow_experimental_dynamic_type", "allow_experimental_variant_type",
     "allow_experimental_object_type", "allow_suspicious_low_cardinality_types",
-    # limits: accepted, but the server's own values are applied after them
+    # limits: accepted as URL parameters, but the server's own values are applied after them
     "max_execution_time", "max_result_rows", "max_result_bytes", "result_overflow_mode", "max_memory_usage",
 })
 """Settings a client may pass (URL parameters or a ``SETTINGS`` clause). Anything else is
 refused (HTTP 400 naming it): an allow-list, because settings such as ``format_schema``,
 ``format_template_resultset`` or ``output_format_schema`` name files on the host, and a
 deny-list misses the next one."""
+
+LIMIT_SETTINGS = frozenset({"max_execution_time", "max_result_rows", "max_result_bytes", "result_overflow_mode",
+                            "max_memory_usage"})
+"""The server's limits (``SqlLimits``): a URL parameter may name them (the server's values are
+set after it), a query's own ``SETTINGS`` clause may not (it would apply after the server's)."""
 
 DENIED_FORMATS = frozenset({
     "template", "templateignorespaces", "protobuf", "protobufsingle", "protobuflist", "capnproto",
@@ -355,6 +360,9 @@ def inspect(canonical: str) -> Statement:
             settings += found
     for name in settings:
         check_setting(name)
+        if name in LIMIT_SETTINGS:
+            raise SqlRefused("server-limits", f"setting {name} in the query is refused: the server's limits apply "
+                             "to every request (a URL parameter may name it; the server's value wins)")
     output = None
     for k in range(len(toks) - 1):
         after = toks[k + 2].kind if k + 2 < len(toks) else None

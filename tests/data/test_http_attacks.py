@@ -193,7 +193,8 @@ def test_each_reproducer_and_the_corpus_is_refused_with_nothing_read_written_or_
     # the writer is trusted with its database, never with the host
     for sql in (f"SELECT file('{live.canary}')", f"SELECT ‘'’; SELECT file(‘{live.canary}’) --'",
                 f"INSERT INTO trajectories (rollout_id) VALUES (file('{live.canary}'))",
-                f"SELECT 1 INTO OUTFILE '{live.tmp / 'w'}'", f"SELECT 1 SETTINGS format_schema = '{live.canary}:M'"):
+                f"SELECT 1 INTO OUTFILE '{live.tmp / 'w'}'", f"SELECT 1 SETTINGS format_schema = '{live.canary}:M'",
+                "SELECT count() FROM system.numbers SETTINGS max_execution_time = 1000000"):
         status, text = ask(live, sql, headers=as_writer(live))
         seen.append((sql, status, text))
         assert status in (400, 403), (sql, status, text)

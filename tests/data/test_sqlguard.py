@@ -43,6 +43,7 @@ def test_settings_and_formats_in_the_canonical_text() -> None:
                       ("SELECT 1 SETTINGS max_threads = 1, output_format_schema = '/x'", "no-file-settings"),
                       ("SELECT 1 SETTINGS readonly = 0", "settings-allow-list"),
                       ("SELECT 1 SETTINGS allow_ddl", "settings-allow-list"),
+                      ("SELECT 1 SETTINGS max_execution_time = 1e9", "server-limits"),
                       ("SELECT 1 SETTINGS max_threads = 1, allow_introspection_functions FORMAT JSON",
                        "settings-allow-list"),
                       ("SELECT 1 FORMAT Protobuf", "no-file-formats"), ("SELECT 1 FORMAT Template", "no-file-formats"),
