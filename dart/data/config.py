@@ -241,9 +241,13 @@ class HttpConfig:
     limits: SqlLimits = field(default_factory=SqlLimits)
     writer_user: str = "dart_writer"
     """User of the writer role (DDL, INSERT): enabled only when the environment variable
-    `writer_password_env` holds a password. Every other client is a read-only analytics client."""
-    writer_password_env: str = "DART_SQL_WRITER_PASSWORD"
-    """Environment variable holding the writer's password (never put secrets in files)."""
+    `writer_password_file_env` names a file holding its password or a hash of it. Every other
+    client is a read-only analytics client."""
+    writer_password_file_env: str = "DART_SQL_WRITER_PASSWORD_FILE"
+    """Environment variable naming the writer's password file (the Docker-secrets `*_FILE`
+    convention): the password is never in the environment (`/proc/self/environ` keeps the
+    start-up environment for the life of the process) nor in config files. The file holds the
+    password or `dart.data.http.hash_password`'s hash of it; the process keeps only a hash."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import hashlib
 import hmac
 import json
 import logging
@@ -29,6 +30,7 @@ import os
 import re
 import socket
 import tempfile
+import urllib.parse
 import uuid
 import zlib
 from collections.abc import Mapping
@@ -40,17 +42,18 @@ from typing import Any
 from aiohttp import web
 
 from dart.data import sqlguard
-from dart.data.config import SqlLimits
-from dart.errors import DartError
+from dart.data.config import HttpConfig, SqlLimits
+from dart.errors import ConfigError, DartError
 
 log = logging.getLogger(__name__)
 
-# URL parameters the HTTP layer consumes itself; everything else is a query setting.
+# URL parameters the HTTP layer consumes itself (none of them reaches chdb as a setting); every
+# other parameter must be a setting in sqlguard.ALLOWED_SETTINGS (else 400 naming it).
 TRANSPORT_PARAMS = frozenset({
     "query", "database", "default_format", "session_id", "session_timeout", "session_check",
     "query_id", "quota_key", "compress", "decompress", "wait_end_of_query", "client_protocol_version",
-    "role", "send_progress_in_http_headers", "http_headers_progress_interval_ms",
-    "enable_http_compression", "buffer_size", "user", "password", "http_response_buffer_size",
+    "send_progress_in_http_headers", "http_headers_progress_interval_ms",
+    "enable_http_compression", "buffer_size", "user", "password", "http_response_buffer_size", "role",
 })
 _TRAILING_FORMAT = re.compile(r"\bFORMAT\s+(\w+)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 _INSERT = re.compile(r"^\s*INSERT\b", re.IGNORECASE)
@@ -59,9 +62,12 @@ _INSERT = re.compile(r"^\s*INSERT\b", re.IGNORECASE)
 _BODY_INSERT = re.compile(rb"^\s*INSERT\b.*?\bFORMAT\s+(\w+)(?:[ \t]*\r?\n|[ \t])?", re.IGNORECASE | re.DOTALL)
 _SETTING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CODE = re.compile(r"Code:\s*(\d+)")
-_REFUSED_CODES = frozenset({"164", "497"})  # READONLY, ACCESS_DENIED
-PROTECTED_SETTINGS = frozenset({"readonly", "allow_ddl", "allow_introspection_functions"})
-"""URL parameters refused with 403: they would lift the analytics role's restrictions."""
+_REFUSED_CODES = {  # chdb's own refusals under the settings the endpoint applies, and the rule each enforces
+    "164": "read-only, enforced by chdb's readonly = 1",        # READONLY
+    "497": "read-only, enforced by chdb's readonly = 1",        # ACCESS_DENIED
+    "344": "insert-data-is-data, enforced by input_format_values_interpret_expressions = 0",  # SUPPORT_IS_DISABLED
+}
+_IN_SCOPE = re.compile(r"\s*: In scope SELECT formatQuerySingleLine\(.*", re.DOTALL)
 
 
 class BadRequest(DartError, ValueError):
@@ -72,12 +78,66 @@ class Unauthorized(DartError, PermissionError):
     """Credentials that name no role, or a wrong password (answered with 401)."""
 
 
+HASH_SCHEME = "pbkdf2_sha256"
+HASH_ITERATIONS = 20_000
+"""PBKDF2 rounds for a writer password hashed at start-up (checked on every writer request,
+~10 ms on a busy core: the endpoint is on loopback, the hash only keeps the password itself out
+of the process and its files)."""
+
+
+def hash_password(password: str, *, iterations: int = HASH_ITERATIONS, salt: bytes | None = None) -> str:
+    """``pbkdf2_sha256$ITERATIONS$SALT_HEX$HASH_HEX``: what a writer password file may hold instead
+    of the password (``python -c 'from dart.data.http import hash_password; print(hash_password("..."))'``)."""
+    salt = salt if salt is not None else os.urandom(16)
+    digest = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8", "surrogateescape"), salt, iterations)
+    return f"{HASH_SCHEME}${iterations}${salt.hex()}${digest.hex()}"
+
+
 @dataclass(frozen=True, slots=True)
 class Writer:
-    """The writer role's credentials (from the environment, see ``HttpConfig``)."""
+    """The writer role: its user and a PBKDF2 hash of its password (never the password)."""
 
     user: str
-    password: str = field(repr=False)
+    password_hash: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        scheme, iterations, salt, digest = [*self.password_hash.split("$"), "", "", ""][:4]
+        if scheme != HASH_SCHEME or not iterations.isdigit() or not salt or not digest:
+            raise ConfigError(f"writer password hash: expected {HASH_SCHEME}$ITERATIONS$SALT_HEX$HASH_HEX")
+
+    @classmethod
+    def from_secret(cls, user: str, secret: str) -> Writer:
+        """From a password file's text: a hash as written by ``hash_password``, or the password
+        itself (hashed here; the caller drops the text)."""
+        secret = secret.strip()
+        return cls(user, secret if secret.startswith(HASH_SCHEME + "$") else hash_password(secret))
+
+    @classmethod
+    def from_file(cls, user: str, path: str | Path) -> Writer:
+        try:
+            return cls.from_secret(user, Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"writer password file {path}: {exc}") from exc
+
+    def check(self, password: str) -> bool:
+        _, iterations, salt, digest = self.password_hash.split("$")
+        got = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8", "surrogateescape"), bytes.fromhex(salt),
+                                  int(iterations))
+        return hmac.compare_digest(got.hex(), digest)
+
+
+def writer_from_env(user: str, file_env: str = "DART_SQL_WRITER_PASSWORD_FILE",
+                    environ: Mapping[str, str] | None = None) -> Writer | None:
+    """The writer role as the data manager starts it: ``$<file_env>`` names the password file
+    (Docker secrets' ``*_FILE`` convention); None when unset (no writer). A password in the
+    environment itself (``DART_SQL_WRITER_PASSWORD``, as before) is refused: the environment
+    of a process stays readable in ``/proc/<pid>/environ`` for its whole life."""
+    env = os.environ if environ is None else environ
+    if env.get("DART_SQL_WRITER_PASSWORD"):
+        raise ConfigError("DART_SQL_WRITER_PASSWORD is no longer read: put the password (or "
+                          f"dart.data.http.hash_password's hash of it) in a file and name it in ${file_env}")
+    path = env.get(file_env)
+    return Writer.from_file(user, path) if path else None
 
 
 def credentials(headers: Mapping[str, str], query: Mapping[str, str]) -> tuple[str | None, str]:
@@ -103,7 +163,7 @@ def role_of(user: str | None, password: str, writer: Writer | None) -> bool:
     if user in (None, "", "default"):
         return False
     if writer is not None and user == writer.user:
-        if hmac.compare_digest(password.encode("utf-8", "surrogateescape"), writer.password.encode()):
+        if writer.check(password):
             return True
         raise Unauthorized(f"{user}: wrong password")
     raise Unauthorized(f"unknown user {user!r}: use 'default' (read-only) or the writer user")
@@ -178,20 +238,44 @@ def decompress(body: bytes, encoding: str, *, max_bytes: int = 1 << 62) -> bytes
     return out
 
 
+def _check_raw_query(raw: str) -> None:
+    """UnicodeDecodeError for a percent-escape that is not UTF-8 (aiohttp would read it as U+FFFD)."""
+    for part in raw.split("&"):
+        for piece in part.split("=", 1):
+            urllib.parse.unquote_to_bytes(piece.replace("+", " ")).decode("utf-8")
+
+
 def parse_request(query: dict[str, str], body: bytes) -> SqlRequest:
     """The SQL, format and settings of one request (pure). ClickHouse semantics: the ``query``
     parameter is the start of the statement and the body is the rest (or the data of an
-    INSERT that ends in ``FORMAT X``)."""
+    INSERT that ends in ``FORMAT X``). BadRequest (HTTP 400) names a parameter that is not an
+    allowed setting, holds control characters, or a body that is not UTF-8."""
+    for k, v in query.items():
+        try:
+            sqlguard.check_text(k, "a URL parameter name")
+            sqlguard.check_text(v, f"URL parameter {k!r}")
+        except sqlguard.BadSql as exc:
+            raise BadRequest(str(exc)) from exc
     url_sql = query.get("query", "")
     params = {k[len("param_"):]: v for k, v in query.items() if k.startswith("param_")}
     settings = {k: v for k, v in query.items() if k not in TRANSPORT_PARAMS and not k.startswith("param_")}
     for k in settings:
         if not _SETTING.match(k):
-            raise BadRequest(f"bad setting name {k!r}")
+            raise BadRequest(f"bad setting name {k!r} (rule: settings-allow-list)")
+        try:
+            sqlguard.check_setting(k)
+        except sqlguard.SqlRefused as exc:
+            raise BadRequest(f"URL parameter {k!r}: {exc}") from exc
     database = query.get("database") or None
     if database is not None and not _SETTING.match(database):
         raise BadRequest(f"bad database name {database!r}")
     fmt = query.get("default_format") or "TabSeparated"
+    if not _SETTING.match(fmt):
+        raise BadRequest(f"bad default_format {fmt!r}")
+    try:
+        sqlguard.check_format(fmt)
+    except sqlguard.SqlRefused as exc:
+        raise BadRequest(f"URL parameter 'default_format': {exc}") from exc
     insert_fmt = _TRAILING_FORMAT.search(url_sql)
     if url_sql and body and _INSERT.match(url_sql) and insert_fmt:
         return SqlRequest(url_sql, fmt, database, params, settings, body, insert_fmt.group(1))
@@ -202,7 +286,7 @@ def parse_request(query: dict[str, str], body: bytes) -> SqlRequest:
             return SqlRequest(head, fmt, database, params, settings, body[inline.end():], inline.group(1).decode())
         text = body.decode("utf-8", errors="strict") if body else ""
     except UnicodeDecodeError as exc:
-        raise BadRequest(f"the query is not UTF-8: {exc}") from exc
+        raise BadRequest(f"the query is not UTF-8: {exc} (rule: malformed-request)") from exc
     sql = f"{url_sql}\n{text}" if url_sql and text else (url_sql or text)
     if not sql.strip():
         raise BadRequest("empty query: pass ?query=... or the query in the body")
@@ -218,57 +302,107 @@ def _quote(value: str) -> str:
 
 
 class Engine:
-    """Runs SqlRequests on fresh chdb handles (blocking: call from a worker thread)."""
+    """Runs SqlRequests on fresh chdb handles (blocking: call from a worker thread).
 
-    def __init__(self, path: Path, limits: SqlLimits | None = None) -> None:
+    Check what runs, run what was checked: the request's text reaches chdb only as an escaped
+    string literal given to ClickHouse's own formatter (``canonical``); the canonical text it
+    returns is what the rules of ``dart.data.sqlguard`` judge and what executes."""
+
+    def __init__(self, path: Path, limits: SqlLimits | None = None, database: str = "dart") -> None:
         self.path = str(path)
         self.limits = limits or SqlLimits()
+        self.database = database
 
     def _limit_settings(self) -> str:
         lim = self.limits
+        # Values expressions off: an INSERT's data is data, never a function call such as file().
         return (f"SET max_execution_time = {lim.max_execution_time_s:g}, max_result_rows = {lim.max_result_rows}, "
                 f"max_result_bytes = {lim.max_result_bytes}, result_overflow_mode = 'throw', "
-                f"max_memory_usage = {lim.max_memory_bytes}")
+                f"max_memory_usage = {lim.max_memory_bytes}, input_format_values_interpret_expressions = 0, "
+                "input_format_values_deduce_templates_of_expressions = 0")
+
+    @staticmethod
+    def canonical(conn: Any, text: str) -> str:
+        """ClickHouse's canonical text of the one statement in ``text`` (parsed, not executed):
+        SqlRefused for several statements, BadSql for a syntax error or a canonical form that
+        formats to something else again (then it cannot be trusted to be what was checked)."""
+
+        def fmt(sql: str) -> str:
+            try:
+                res = conn.query(f"SELECT formatQuerySingleLine({sqlguard.literal(sql)})", "RawBLOB")
+            except Exception as exc:
+                msg = _IN_SCOPE.sub("", str(exc)).strip()
+                if "Multi-statements are not allowed" in msg:
+                    raise sqlguard.SqlRefused("one-statement", "send one statement per request: ClickHouse's parser "
+                                              f"found more than one ({msg})", code=62, name="SYNTAX_ERROR") from None
+                raise sqlguard.BadSql(msg) from None
+            # A literal written '\xFF' comes back as the byte itself: keep it, written as an escape again.
+            return (res.bytes() or b"").decode("utf-8", "surrogateescape")
+
+        first = fmt(text)
+        ascii_bytes = sqlguard.escape_bytes(first)
+        if fmt(ascii_bytes) != first:
+            raise sqlguard.BadSql("ClickHouse's canonical form of this query is not stable (formatting it again "
+                                  "changes it), so it is not run; rewrite the query", "canonical-form")
+        return ascii_bytes
 
     def run(self, req: SqlRequest, *, writer: bool = False) -> tuple[bytes, str, dict[str, Any]]:
-        """Run one request; SqlRefused for a statement this role may not run (nothing ran)."""
+        """Run one request; SqlRefused / BadSql for a statement this role may not run (nothing ran)."""
         import chdb
 
-        statement = sqlguard.scan(req.sql)  # one statement, no host files: before chdb sees any of it
+        sqlguard.check_text(req.sql)
+        head, data, data_format = req.sql, req.insert_data, req.insert_format
+        if data is None and (split := sqlguard.split_insert(req.sql)) is not None:
+            head, text, data_format = split
+            data = text.encode("utf-8")
         conn = chdb.connect(self.path)
         try:
-            if req.database:
-                conn.query(f"USE `{req.database}`", "TabSeparated")
+            database = req.database or self.database
+            if database:
+                conn.query(f"USE `{database}`", "TabSeparated")
             if req.settings:
-                conn.query("SET " + ", ".join(f"{k} = {_quote(v)}" for k, v in req.settings.items()), "TabSeparated")
+                try:
+                    conn.query("SET " + ", ".join(f"{k} = {_quote(v)}" for k, v in req.settings.items()),
+                               "TabSeparated")
+                except Exception as exc:  # a value chdb cannot read for that setting: the client's error
+                    raise sqlguard.BadSql(f"a URL setting's value: {str(exc).strip()}", "bad-setting-value") from None
             # After the client's settings, so its own values cannot raise the limits or lift readonly.
             conn.query(self._limit_settings(), "TabSeparated")
             if not writer:
                 conn.query("SET readonly = 1", "TabSeparated")
-            # Parsed only (a syntax error is ClickHouse's own message); judged before it runs.
-            ast = conn.query(f"EXPLAIN AST {statement.text}", "TabSeparatedRaw", **_params(req))
+            canonical = self.canonical(conn, head)
+            statement = sqlguard.inspect(canonical)
             sqlguard.check_keyword(statement, writer=writer)
-            sqlguard.check_ast(ast.bytes().decode("utf-8", "replace"), writer=writer)
-            if req.insert_data is not None:
-                return self._insert(conn, req)
-            m = _TRAILING_FORMAT.search(req.sql)
-            fmt = m.group(1) if m else req.default_format
-            res = conn.query(statement.text, fmt, **_params(req))
+            # One statement (canonical() proved it), so EXPLAIN AST only parses it.
+            ast = conn.query(f"EXPLAIN AST {canonical}", "TabSeparatedRaw", **_params(req))
+            sqlguard.check_ast(ast.bytes().decode("utf-8", "replace"), writer=writer, database=self.database,
+                               statement=statement)
+            inserts_data = statement.keyword == "INSERT" and statement.output_format is not None \
+                and "SELECT" not in statement.words
+            if data is not None or inserts_data:
+                if data is None or not inserts_data:
+                    raise sqlguard.BadSql("an INSERT's data goes after VALUES or FORMAT X (in the body, or the "
+                                          "statement in ?query= and the data in the body)")
+                fmt = statement.output_format or data_format or "TabSeparated"
+                return self._insert(conn, canonical, fmt, data, req)
+            fmt = statement.output_format or req.default_format
+            res = conn.query(canonical, fmt, **_params(req))
             data = res.bytes() or b""
             return data, fmt, self._summary(res, len(data))
         finally:
             conn.close()
 
-    def _insert(self, conn: Any, req: SqlRequest) -> tuple[bytes, str, dict[str, Any]]:
-        assert req.insert_data is not None and req.insert_format is not None
+    def _insert(self, conn: Any, canonical: str, fmt: str, data: bytes,
+                req: SqlRequest) -> tuple[bytes, str, dict[str, Any]]:
         fd, tmp = tempfile.mkstemp(prefix="dart-http-insert-")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(req.insert_data)
-            head = _TRAILING_FORMAT.sub("", req.sql).rstrip()
-            sql = f"{head} FROM INFILE {_quote(tmp)} FORMAT {req.insert_format}"
+                f.write(data)
+            head = _TRAILING_FORMAT.sub("", canonical).rstrip()
+            # The checked canonical head, a file name of ours and a checked format name.
+            sql = f"{head} FROM INFILE {_quote(tmp)} FORMAT {fmt}"
             res = conn.query(sql, "TabSeparated", **_params(req))
-            return b"", req.insert_format, self._summary(res, 0)
+            return b"", fmt, self._summary(res, 0)
         finally:
             os.unlink(tmp)
 
@@ -293,15 +427,25 @@ class SqlServer:
     """aiohttp app serving an Engine; ``await start()`` returns the bound port."""
 
     def __init__(self, path: Path, *, host: str = "127.0.0.1", port: int = 0, limits: SqlLimits | None = None,
-                 writer: Writer | None = None) -> None:
+                 writer: Writer | None = None, database: str = "dart") -> None:
         self.limits = limits or SqlLimits()
-        self.engine = Engine(path, self.limits)
+        self.database = database
+        """The one database analytics clients read (with the catalogue tables in sqlguard)."""
+        self.engine = Engine(path, self.limits, database)
         self.host = host
         self.port = port
         self.writer = writer
         self._pool = ThreadPoolExecutor(max_workers=self.limits.max_concurrent, thread_name_prefix="dart-sql")
         self._slots = asyncio.Semaphore(self.limits.max_concurrent)
         self._runner: web.AppRunner | None = None
+
+    @classmethod
+    def from_config(cls, http: HttpConfig, path: Path, database: str,
+                    environ: Mapping[str, str] | None = None) -> SqlServer:
+        """The endpoint as the data manager serves it: ``http``'s address and limits, the writer
+        role from ``$<http.writer_password_file_env>`` when set."""
+        return cls(path, host=http.host, port=http.port, limits=http.limits,
+                   writer=writer_from_env(http.writer_user, http.writer_password_file_env, environ), database=database)
 
     @property
     def url(self) -> str:
@@ -335,13 +479,27 @@ class SqlServer:
         return web.Response(text="Ok.\n")
 
     async def _query(self, request: web.Request) -> web.Response:
-        query_id = request.query.get("query_id") or str(uuid.uuid4())
-        headers = {"X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Timezone": "UTC",
-                   "X-ClickHouse-Server-Display-Name": "dart-chdb"}
-        log.debug("%s %s encoding=%s", request.method, dict(request.query), request.headers.get("Content-Encoding"))
+        try:
+            return await self._answer(request)
+        except Exception as exc:  # never an unhandled exception: a ClickHouse-style 500, and keep serving
+            log.exception("SQL request failed unexpectedly")
+            return self._error(f"Code: 1001. DB::Exception: dart SQL endpoint: internal error "
+                               f"({type(exc).__name__}). (STD_EXCEPTION)", {})
+
+    async def _answer(self, request: web.Request) -> web.Response:
+        headers = {"X-ClickHouse-Timezone": "UTC", "X-ClickHouse-Server-Display-Name": "dart-chdb"}
+        try:
+            _check_raw_query(request.rel_url.raw_query_string)
+            query = {k: v for k, v in request.query.items()}
+            query_id = query.get("query_id") or str(uuid.uuid4())
+        except (UnicodeError, ValueError) as exc:
+            return self._error(f"Code: 27. DB::Exception: bad request: unreadable URL parameters: {exc} "
+                               "(rule: malformed-request)", headers, status=400)
+        headers["X-ClickHouse-Query-Id"] = query_id if _SETTING.match(query_id.replace("-", "_")) else "invalid"
+        log.debug("%s %s encoding=%s", request.method, query, request.headers.get("Content-Encoding"))
         max_body = self.limits.max_body_bytes
         try:
-            writer = role_of(*credentials(request.headers, request.query), self.writer)
+            writer = role_of(*credentials(request.headers, query), self.writer)
         except Unauthorized as exc:
             return self._error(f"Code: 516. DB::Exception: {exc}. (AUTHENTICATION_FAILED)", headers, status=401)
         if request.content_length is not None and request.content_length > max_body:
@@ -351,16 +509,15 @@ class SqlServer:
                                f"limit of {max_body} (SqlLimits.max_body_bytes). (TOO_MANY_BYTES)", headers, status=413)
         try:
             body = decompress(await request.read(), request.headers.get("Content-Encoding", ""), max_bytes=max_body)
-            req = parse_request(dict(request.query), body)
+            req = parse_request(query, body)
         except web.HTTPRequestEntityTooLarge:
             return self._error(f"Code: 307. DB::Exception: request body is over the limit of {max_body} bytes "
                                "(SqlLimits.max_body_bytes). (TOO_MANY_BYTES)", headers, status=413)
         except (DartError, OSError) as exc:
             return self._error(f"Code: 27. DB::Exception: bad request: {exc}", headers, status=400)
-        protected = sorted(PROTECTED_SETTINGS & set(req.settings))
-        if protected and not writer:
-            refused = sqlguard.SqlRefused("read-only", f"setting {protected[0]} cannot be changed by an analytics "
-                                          "client")
+        if not writer and req.database not in (None, self.database):
+            refused = sqlguard.SqlRefused("dart-database-only", f"database {req.database} is refused: analytics "
+                                          f"clients read the database {self.database}", code=497, name="ACCESS_DENIED")
             return self._error(refused.clickhouse_text(), headers, status=403)
         try:
             await asyncio.wait_for(self._slots.acquire(), self.limits.queue_timeout_s)
@@ -374,13 +531,14 @@ class SqlServer:
         except sqlguard.SqlRefused as exc:
             log.info("refused %s: %s", query_id, exc)
             return self._error(exc.clickhouse_text(), headers, status=403)
-        except sqlguard.BadSql as exc:
-            return self._error(f"Code: 62. DB::Exception: {exc}. (SYNTAX_ERROR)", headers, status=400)
+        except sqlguard.BadSql as exc:  # ClickHouse's own syntax error passes through, with the rule
+            text = str(exc) if str(exc).startswith("Code:") else f"Code: 62. DB::Exception: dart SQL endpoint: {exc}. " \
+                "(SYNTAX_ERROR)"
+            return self._error(text, headers, status=400)
         except Exception as exc:  # chdb raises its own error type; report it the ClickHouse way
             m = _CODE.search(str(exc))
-            if m and m.group(1) in _REFUSED_CODES:  # refused by chdb itself (readonly = 1), not failed
-                return self._error(f"{str(exc).rstrip()} (rule: read-only, enforced by chdb's readonly = 1)",
-                                   headers, status=403)
+            if m and m.group(1) in _REFUSED_CODES:  # refused by chdb itself, not failed
+                return self._error(f"{str(exc).rstrip()} (rule: {_REFUSED_CODES[m.group(1)]})", headers, status=403)
             return self._error(str(exc), headers)
         finally:
             self._slots.release()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,7 +25,7 @@ from dart.data.batcher import build_manifest, plan_batch
 from dart.data.config import DataConfig
 from dart.data.coupled import RoundPlan, plan_round
 from dart.data.decide import Horizon, SlowStats, batch_inputs, round_inputs, schedule_inputs
-from dart.data.http import SqlServer, Writer
+from dart.data.http import SqlServer
 from dart.data.scheduler import Plan, PlannedRequest, plan_requests
 from dart.data.store import AsyncStore, Store, http_file
 from dart.errors import DecodeError
@@ -310,9 +309,7 @@ class DataManager:
         if not self.cfg.http.enabled or target.kind != "chdb" or target.path is None:
             return
         http = self.cfg.http
-        password = os.environ.get(http.writer_password_env)
-        self.sql = SqlServer(target.path, host=http.host, port=http.port, limits=http.limits,
-                             writer=Writer(http.writer_user, password) if password else None)
+        self.sql = SqlServer.from_config(http, target.path, self.store.database)
         port = await self.sql.start()
         marker = http_file(target.path)
         marker.write_text(self.sql.url + "\n")

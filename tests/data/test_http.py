@@ -11,7 +11,8 @@ from dart.data.http import SqlServer, Writer, decompress, parse_request, split_f
 from dart.data.store import Store
 
 pytestmark = pytest.mark.clickhouse
-WRITER = Writer("dart_writer", "writer-password")
+WRITER = Writer.from_secret("dart_writer", "writer-password")
+PASSWORD = "writer-password"
 
 
 def test_parse_request_follows_clickhouse_semantics() -> None:
@@ -38,7 +39,7 @@ def test_parse_request_follows_clickhouse_semantics() -> None:
 
 
 async def test_ping_query_insert_and_errors_over_http(store: Store, chdb_path) -> None:
-    server = SqlServer(chdb_path, writer=WRITER)
+    server = SqlServer(chdb_path, writer=WRITER, database=store.database)
     port = await server.start()
     url = f"http://127.0.0.1:{port}/"
     db = store.database
@@ -82,14 +83,14 @@ async def test_clickhouse_connect_queries_and_inserts_through_the_endpoint(store
 
     import clickhouse_connect
 
-    server = SqlServer(chdb_path, writer=WRITER)
+    server = SqlServer(chdb_path, writer=WRITER, database=store.database)
     port = await server.start()
 
     def session() -> tuple:
         results = []
         for compress in (False, "lz4", "zstd", "gzip"):
             c = clickhouse_connect.get_client(host="127.0.0.1", port=port, database=store.database, compress=compress,
-                                              username=WRITER.user, password=WRITER.password)
+                                              username=WRITER.user, password=PASSWORD)
             v = len(results) + 10
             # bytes that are not UTF-8 in the Native body
             c.insert("schema_version", [[v, f"via {compress}".encode() + b"\xff"]], column_names=["version", "name"])
@@ -120,9 +121,9 @@ async def test_the_projection_and_curation_sql_run_unchanged_on_a_clickhouse_ser
 
     e1, _ = group("a", [1.0, 0.0, 1.0], version=2, t=T0)
     e2, _ = group("b", [0.0, 0.0], version=2, t=T0 + 10_000, steps=5)
-    server = SqlServer(chdb_path, writer=WRITER)
+    server = SqlServer(chdb_path, writer=WRITER, database=store.database)
     port = await server.start()
-    monkeypatch.setenv("DART_TEST_WRITER_PASSWORD", WRITER.password)
+    monkeypatch.setenv("DART_TEST_WRITER_PASSWORD", PASSWORD)
 
     def over_http() -> tuple:
         remote = Store.open(StoreConfig(dsn=f"http://127.0.0.1:{port}", database=store.database,

@@ -11,31 +11,59 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dart.data import sqlguard
-from dart.data.http import Unauthorized, Writer, credentials, parse_request, role_of
+from dart.data.http import Unauthorized, Writer, credentials, hash_password, parse_request, role_of
 from dart.errors import DartError
 
 
 def test_tokens_skip_literals_comments_and_heredocs_like_clickhouse() -> None:
     assert sqlguard.tokens("SELECT 'a;b' -- ; DROP\n, `x;y`, $t$;$t$ /* /* ; */ ; */ # ;\n FROM t;") == [
         "SELECT", "'", ",", "IDENT", ",", "'", "FROM", "T", ";"]
-    assert sqlguard.scan("select 1 ;; ").text == "select 1"
-    for sql in ("SELECT 1; DROP TABLE t", "SELECT 1 /* x */ ; SELECT 2", "SELECT ';' ; SELECT 2"):
+    for sql in ("SELECT 1; DROP TABLE t", "SELECT ';' ; SELECT 2"):
         with pytest.raises(sqlguard.SqlRefused, match="one-statement"):
-            sqlguard.scan(sql)
+            sqlguard.inspect(sql)
     for sql in ("SELECT 1 INTO OUTFILE '/tmp/x'", "INSERT INTO t FROM INFILE '/etc/passwd' FORMAT TSV"):
         with pytest.raises(sqlguard.SqlRefused, match="no-host-files"):
-            sqlguard.scan(sql)
-    for sql in ("SELECT 'unterminated", "SELECT /* open", "SELECT `x", "SELECT $a$ x", "  -- only a comment"):
+            sqlguard.inspect(sql)
+    for sql in ("SELECT 'unterminated", "SELECT `x", "SELECT $a$ x", ""):
         with pytest.raises(sqlguard.BadSql):
-            sqlguard.scan(sql)
+            sqlguard.inspect(sql)
+
+
+def test_settings_and_formats_in_the_canonical_text() -> None:
+    s = sqlguard.inspect("SELECT 1 SETTINGS max_threads = 2, join_use_nulls = 1 FORMAT JSON")
+    assert (s.settings, s.settings_clauses, s.output_format) == (("max_threads", "join_use_nulls"), 1, "JSON")
+    assert sqlguard.inspect("SELECT 1 FORMAT JSON SETTINGS max_threads = 2").output_format == "JSON"
+    assert sqlguard.inspect("SELECT format, settings FROM t").output_format is None
+    # a bare name is name = 1 (found by the fuzz suite: SETTINGS FORMAT is a setting named FORMAT)
+    assert sqlguard.inspect("SELECT 1 SETTINGS join_use_nulls, max_threads = 2").settings == ("join_use_nulls",
+                                                                                             "max_threads")
+    with pytest.raises(sqlguard.SqlRefused, match="settings-allow-list"):
+        sqlguard.inspect("SELECT 1 SETTINGS FORMAT")
+    for sql, rule in (("SELECT 1 SETTINGS format_template_resultset = '/etc/passwd' FORMAT Template", "no-file-settings"),
+                      ("SELECT 1 SETTINGS max_threads = 1, output_format_schema = '/x'", "no-file-settings"),
+                      ("SELECT 1 SETTINGS readonly = 0", "settings-allow-list"),
+                      ("SELECT 1 SETTINGS allow_ddl", "settings-allow-list"),
+                      ("SELECT 1 SETTINGS max_execution_time = 1e9", "server-limits"),
+                      ("SELECT 1 SETTINGS max_threads = 1, allow_introspection_functions FORMAT JSON",
+                       "settings-allow-list"),
+                      ("SELECT 1 FORMAT Protobuf", "no-file-formats"), ("SELECT 1 FORMAT Template", "no-file-formats"),
+                      ("SET format_schema = 'x'", "no-file-settings")):
+        with pytest.raises(sqlguard.SqlRefused, match=rule):
+            sqlguard.inspect(sql)
+    assert sqlguard.split_insert("INSERT INTO t (a) VALUES (1), ('x;y')") == (
+        "INSERT INTO t (a) FORMAT Values", " (1), ('x;y')", "Values")
+    assert sqlguard.split_insert("INSERT INTO t FORMAT TSV\n1\n") == ("INSERT INTO t FORMAT TSV", "1\n", "TSV")
+    assert sqlguard.split_insert("INSERT INTO t SELECT 1") is None
+    assert sqlguard.literal("a'b\\c") == "'a\\'b\\\\c'"
+    assert sqlguard.escape_bytes("SELECT '\udcff'") == "SELECT '\\xFF'"
 
 
 def test_keywords_and_the_parse_decide_the_statement_kind() -> None:
-    sqlguard.check_keyword(sqlguard.scan("WITH 1 AS a SELECT a"))
-    sqlguard.check_keyword(sqlguard.scan("CREATE TABLE t (x UInt8) ENGINE = Memory"), writer=True)
+    sqlguard.check_keyword(sqlguard.inspect("WITH 1 AS a SELECT a"))
+    sqlguard.check_keyword(sqlguard.inspect("CREATE TABLE t (x UInt8) ENGINE = Memory"), writer=True)
     for sql in ("CREATE TABLE t (x UInt8) ENGINE = Memory", "SET readonly = 0", "KILL QUERY WHERE 1", "SYSTEM FLUSH LOGS"):
-        with pytest.raises(sqlguard.SqlRefused, match="read-only"):
-            sqlguard.check_keyword(sqlguard.scan(sql))
+        with pytest.raises(sqlguard.SqlRefused, match=r"read-only|settings-allow-list"):
+            sqlguard.check_keyword(sqlguard.inspect(sql))
     explain_insert = "Explain EXPLAIN AST (children 1)\n InsertQuery (children 1)\n  Identifier t\n"
     with pytest.raises(sqlguard.SqlRefused, match="InsertQuery"):
         sqlguard.check_ast(explain_insert)
@@ -87,7 +115,7 @@ SQLISH = st.lists(st.sampled_from(["SELECT", "INSERT", "FROM", "INTO", "OUTFILE"
 def test_the_tokenizer_refuses_or_passes_any_text_quickly(sql):
     t0 = time.perf_counter()
     try:
-        statement = sqlguard.scan(sql)
+        statement = sqlguard.inspect(sql)
         sqlguard.check_keyword(statement)
     except (sqlguard.SqlRefused, sqlguard.BadSql) as exc:
         assert isinstance(exc, DartError) and str(exc)
@@ -121,7 +149,7 @@ def test_request_parser_gives_a_request_or_a_typed_error(query, body):
                        st.text(max_size=40) | st.sampled_from(["Basic ", "Basic !!", "Basic ZGFydDp4", "basic Og==", "Basic é", "Basic /w=="]),
                        max_size=3), PARAMS)
 def test_credentials_are_a_role_or_unauthorized(headers, query):
-    writer = Writer("dart_writer", "pw")
+    writer = Writer("dart_writer", hash_password("pw", iterations=10))
     try:
         is_writer = role_of(*credentials(headers, query), writer)
     except Unauthorized:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dart.env.guest_agent import protocol
-from dart.env.guest_agent.server import AgentConfig, nic_address, read_token
+from dart.env.guest_agent.server import AgentConfig, child_environment, nic_address, read_token
 from dart.errors import ConfigError
 
 TOKEN = "t" * 32
@@ -30,6 +30,7 @@ def test_an_agent_on_a_non_loopback_address_must_have_a_token() -> None:
 def test_token_comes_from_the_file_then_the_environment(tmp_path) -> None:
     f = tmp_path / "token"
     f.write_text(TOKEN + "\n")
+    f.chmod(0o600)
     assert read_token(str(f), {"DART_AGENT_TOKEN": "e" * 20}) == TOKEN
     assert read_token(None, {"DART_AGENT_TOKEN": "e" * 20}) == "e" * 20
     with pytest.raises(protocol.ProtocolError, match="at least"):
@@ -44,3 +45,21 @@ def test_nic_address_is_a_local_address() -> None:
     except ConfigError:
         pytest.skip("no default route on this machine")
     assert addr.count(".") == 3
+
+
+def test_a_token_file_others_may_read_is_refused(tmp_path) -> None:
+    f = tmp_path / "token"
+    f.write_text(TOKEN + "\n")
+    for mode in (0o644, 0o640, 0o604):
+        f.chmod(mode)
+        with pytest.raises(ConfigError, match="chmod 600"):
+            read_token(str(f), {})
+    f.chmod(0o400)
+    assert read_token(str(f), {}) == TOKEN
+
+
+def test_children_get_no_token_and_no_dart_secret() -> None:
+    env = {"DART_AGENT_TOKEN": TOKEN, "DART_KAFKA_PASSWORD": "p", "DART_SQL_WRITER_PASSWORD_FILE": "/run/secrets/w",
+           "DART_OPENAI_API_KEY": "k", "DART_BOOTSTRAP": "127.0.0.1:9092", "PATH": "/usr/bin", "DISPLAY": ":3"}
+    assert child_environment(env) == {"DART_SQL_WRITER_PASSWORD_FILE": "/run/secrets/w",
+                                      "DART_BOOTSTRAP": "127.0.0.1:9092", "PATH": "/usr/bin", "DISPLAY": ":3"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from collections.abc import AsyncIterator
 
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.vm, pytest.mark.xdesktop,
 
 W, H = 800, 600
 TOKEN = "test-token-0123456789abcdef"
+SECRET_NAME, SECRET = "DART_TEST_BUS_PASSWORD", "bus-secret-0123456789"
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,11 @@ async def agent(tmp_path_factory) -> AsyncIterator[tuple[AgentClient, str]]:
                        wm="openbox" if shutil.which("openbox") else "")
     await display.start()
     port = free_port()
-    proc = await asyncio.to_thread(start_agent, display.display, port, token=TOKEN)
+    os.environ[SECRET_NAME] = SECRET  # a DART_* secret in the agent's start-up environment
+    try:
+        proc = await asyncio.to_thread(start_agent, display.display, port, token=TOKEN)
+    finally:
+        del os.environ[SECRET_NAME]
     client = AgentClient(f"http://127.0.0.1:{port}", token=TOKEN, timeout_s=20)
     try:
         yield client, display.display
@@ -161,3 +167,16 @@ async def test_launch_and_activate_window(agent):
         pytest.fail("the launched window never became activatable")
     with pytest.raises(EnvError, match="404"):
         await client.activate_window("no window has this title")
+
+
+async def test_children_never_inherit_the_token_or_a_dart_secret(agent):
+    """The token is the boundary: with it, OSWorld-style setup runs ``bash -c`` and ``python -c``;
+    what those children see of the environment holds neither the token nor a DART_* secret."""
+    client, display = agent
+    for argv in (["bash", "-c", "env; echo ok"], ["python3", "-c", "import os; print(dict(os.environ)); print('ok')"],
+                 ["sh", "-c", "cat /proc/self/environ | tr '\\0' '\\n'; echo ok"]):
+        status, body = await post_raw(client, "/execute", json={"command": argv})
+        assert status == 200 and body["returncode"] == 0 and "ok" in body["output"], (argv, body)
+        assert TOKEN not in body["output"] and SECRET not in body["output"], argv
+        assert "DART_AGENT_TOKEN" not in body["output"] and SECRET_NAME not in body["output"]
+        assert f"DISPLAY={display}" in body["output"] or f"'DISPLAY': '{display}'" in body["output"]

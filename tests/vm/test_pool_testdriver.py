@@ -219,12 +219,14 @@ def test_the_deploy_template_renders_to_a_domain_libvirt_accepts(test_conn, pref
     xml = domain.render(template, extra=cfg.template_vars, values={
         "name": name, "uuid": "8c1f5d4e-8f0b-4f7e-9a57-0a3c1c0f9b11", "memory_mib": 4096, "vcpus": 2,
         "disk": "/var/lib/dart/vms/x/disk.qcow2", "vm_dir": "/var/lib/dart/vms/x",
-        "metadata": domain.metadata_xml(prefix, 0, 0), "agent_token": "tok-0123456789abcdef"})
+        "metadata": domain.metadata_xml(prefix, 0, 0), "agent_token": "tok-0123456789abcdef",
+        "agent_token_file": "/var/lib/dart/vms/x/agent_token"})
+    assert "tok-0123456789abcdef" not in xml  # QEMU gets a file name: the token is on no command line
     dom = test_conn.defineXML(xml)
     try:
         desc = dom.XMLDesc(0)
         assert "<source network='default'/>" in desc and "/var/lib/dart/vms/x/disk.qcow2" in desc
-        assert "<entry name='opt/dart/agent_token'>tok-0123456789abcdef</entry>" in desc  # handed to the guest
+        assert "<entry name='opt/dart/agent_token' file='/var/lib/dart/vms/x/agent_token'/>" in desc  # to the guest
         assert "<memballoon model='none'/>" in desc
     finally:
         dom.undefine()
@@ -261,6 +263,9 @@ async def test_every_vm_build_gets_its_own_agent_token_and_probes_send_it(test_c
         tokens = list(seen.values())
         assert len(set(tokens)) == 2 and all(t and len(t) >= 32 for t in tokens)
         assert {v.client.token for v in pool._vms.values()} == set(tokens)  # the backends' client sends it too
+        for vm in pool._vms.values():  # QEMU reads it from a file only the pool's user may read
+            token_file = vm.vm_dir / "agent_token"
+            assert token_file.read_text() == vm.agent_token and token_file.stat().st_mode & 0o777 == 0o600
     (tmp_path / "token").write_text("fixed-token-0123456789\n")
     seen.clear()
     async with VmPool(make_cfg(prefix, template, tmp_path, agent_token_file=tmp_path / "token"), conn=test_conn,

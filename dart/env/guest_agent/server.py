@@ -3,6 +3,14 @@
 A thin aiohttp shell over :mod:`.protocol` (what a request means) and :mod:`.desktop` (what
 it does to the display). Every malformed request is a 400 with the reason; a failure of
 the display is a 500 with the reason; the server itself never goes down over a request.
+
+**The token is the boundary.** Whoever holds the VM's token runs any program as the agent's
+user (``/execute`` takes an argv, and ``["bash", "-c", "..."]`` is an argv: OSWorld's task
+setup runs ``python -c`` and ``bash -c`` that way and must keep working). ``allow_shell``
+only decides whether the ``shell: true`` string form is accepted; it is not a security
+boundary. So the token is kept where only the agent reads it: a token file must be the
+agent user's own and readable by nobody else (mode 0600 or 0400), and no child the agent
+starts inherits it or any other ``DART_*`` secret (:func:`child_environment`).
 """
 
 from __future__ import annotations
@@ -42,7 +50,8 @@ class AgentConfig:
     port: int = protocol.DEFAULT_PORT
     """TCP port (OSWorld's server uses 5000)."""
     allow_shell: bool = False
-    """Let ``/execute`` run ``shell: true`` strings under ``sh -c``. Off: argv lists only."""
+    """Accept ``shell: true`` strings (run under ``sh -c``). Off: argv lists only. A convenience
+    switch, not a boundary: a token holder may send ``["sh", "-c", "..."]`` as an argv anyway."""
     token: str | None = field(default=None, repr=False)
     """Every request but ``/health`` must carry it in ``X-Dart-Agent-Token``. None (loopback
     only, for a person trying the agent by hand) accepts requests without one."""
@@ -58,11 +67,41 @@ CONFIG_KEY = web.AppKey("config", AgentConfig)
 STARTED_KEY = web.AppKey("started", float)
 
 
+_SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL")
+
+
+def is_secret_name(name: str) -> bool:
+    """``DART_AGENT_TOKEN``, and any ``DART_*`` variable named like a secret (``DART_KAFKA_PASSWORD``...)."""
+    upper = name.upper()
+    return upper == "DART_AGENT_TOKEN" or (upper.startswith("DART_") and any(w in upper for w in _SECRET_WORDS)
+                                           and not upper.endswith("_FILE"))
+
+
+def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the agent's token or any ``DART_*`` secret: what children get."""
+    return {k: v for k, v in environ.items() if not is_secret_name(k)}
+
+
+def scrub_environment() -> list[str]:
+    """Drop the token and ``DART_*`` secrets from this process's environment (``os.environ``, so
+    no child started later inherits them); returns the names dropped. Call once the token is
+    read. (``/proc/self/environ`` keeps the start-up environment, readable by the agent's own
+    user only: prefer ``--token-file`` to ``$DART_AGENT_TOKEN``.)"""
+    dropped = [k for k in os.environ if is_secret_name(k)]
+    for k in dropped:
+        del os.environ[k]
+    return dropped
+
+
 def create_app(cfg: AgentConfig, desktop: Desktop | None = None) -> web.Application:
-    """The aiohttp application; ``desktop`` defaults to one on ``cfg.display``."""
+    """The aiohttp application; ``desktop`` defaults to one on ``cfg.display``. Children of the
+    desktop never see the token or a ``DART_*`` secret, whatever the environment holds."""
     app = web.Application(client_max_size=MAX_UPLOAD_BYTES, middlewares=[_auth, _errors])
     app[CONFIG_KEY] = cfg
-    app[DESKTOP_KEY] = desktop or Desktop(cfg.display)
+    desktop = desktop or Desktop(cfg.display)
+    if isinstance(getattr(desktop, "env", None), dict):
+        desktop.env = child_environment(desktop.env)
+    app[DESKTOP_KEY] = desktop
     app[STARTED_KEY] = time.monotonic()
     app.router.add_get("/health", health)
     app.router.add_get("/platform", platform_name)
@@ -81,15 +120,28 @@ def create_app(cfg: AgentConfig, desktop: Desktop | None = None) -> web.Applicat
     return app
 
 
+def check_token_file(path: Path) -> None:
+    """ConfigError unless ``path`` belongs to this process's user and nobody else may read it."""
+    st = path.stat()
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"guest agent: the token file {path} belongs to uid {st.st_uid}, not to the agent's user "
+                          f"(uid {os.geteuid()}): chown it")
+    if st.st_mode & 0o077:
+        raise ConfigError(f"guest agent: the token file {path} has mode {st.st_mode & 0o777:o}; others may read it: "
+                          "chmod 600 it")
+
+
 def read_token(token_file: str | None, environ: Mapping[str, str]) -> str | None:
     """The agent's token: ``token_file`` if given, else $DART_AGENT_TOKEN, else ``TOKEN_FILE``
-    when the VM has one; None when none of them exists (then only loopback may be bound)."""
+    when the VM has one; None when none of them exists (then only loopback may be bound). A
+    token file must be the agent user's own, mode 0600 or stricter (``check_token_file``)."""
     if token_file is None and environ.get("DART_AGENT_TOKEN"):
         return protocol.parse_token(environ["DART_AGENT_TOKEN"])
     path = Path(token_file or protocol.TOKEN_FILE)
     if token_file is None and not path.exists():
         return None
     try:
+        check_token_file(path)
         return protocol.parse_token(path.read_text())
     except OSError as exc:
         raise ConfigError(f"guest agent: cannot read the token file {path}: {exc}") from exc
@@ -266,7 +318,10 @@ async def _close_desktop(app: web.Application) -> None:
 
 
 async def serve(cfg: AgentConfig, *, ready: asyncio.Event | None = None) -> None:
-    """Serve until cancelled."""
+    """Serve until cancelled. The token and ``DART_*`` secrets leave this process's environment first."""
+    dropped = scrub_environment()
+    if dropped:
+        log.info("guest agent: dropped %s from the environment (children never inherit them)", ", ".join(dropped))
     runner = web.AppRunner(create_app(cfg), access_log=None)
     await runner.setup()
     try:

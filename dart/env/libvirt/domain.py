@@ -16,7 +16,7 @@ from xml.sax.saxutils import escape
 from dart.errors import ConfigError
 
 METADATA_NS = "https://github.com/dart-rl/dart/libvirt/1"
-TEMPLATE_VARS = ("name", "uuid", "memory_mib", "vcpus", "disk", "vm_dir", "metadata", "agent_token")
+TEMPLATE_VARS = ("name", "uuid", "memory_mib", "vcpus", "disk", "vm_dir", "metadata", "agent_token", "agent_token_file")
 """Variables the pool always provides; ``template_vars`` adds more."""
 
 

@@ -193,7 +193,14 @@ class VmPool:
             vm.timings.record("overlay", time.perf_counter() - t0)
         # A fresh token per build: a rebuilt or replaced VM never accepts an old VM's token.
         vm.agent_token = self._fixed_token or secrets.token_urlsafe(32)
-        values = {"agent_token": vm.agent_token, "name": vm.name, "uuid": str(uuid.uuid4()), "memory_mib": self.cfg.memory_mib,
+        # QEMU reads the token from a file (fw_cfg file=...): a string= value would put it on
+        # QEMU's command line, where any user of the host sees it in `ps`.
+        token_file = vm.vm_dir / "agent_token"
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(vm.agent_token)
+        hypervisor.give_to_dir_owner(token_file)
+        values = {"agent_token": vm.agent_token, "agent_token_file": str(token_file), "name": vm.name, "uuid": str(uuid.uuid4()), "memory_mib": self.cfg.memory_mib,
                   "vcpus": self.cfg.vcpus, "disk": str(vm.disk or ""), "vm_dir": str(vm.vm_dir),
                   "metadata": domain.metadata_xml(self.cfg.name_prefix, vm.slot, vm.generation)}
         xml = domain.render(self._template, values=values, extra=self.cfg.template_vars)

@@ -1,0 +1,263 @@
+"""The SQL endpoint against the requests that got through before (issue 35, as written) and a
+corpus of our own, live: a separate process serving the endpoint the way the data manager does,
+with the writer's password file and a bus password in its environment and a canary file on disk.
+
+Nothing any request gets back (success or error) holds the canary, the writer password or the
+bus password; no file appears; no loopback listener is contacted; no table is created or
+dropped; the endpoint keeps serving; and ``dart sql``, ``dart report`` and clickhouse-connect
+(query, query_df; insert refused) still work against it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.clickhouse
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Live:
+    url: str
+    database: str
+    tmp: Path
+    canary: Path
+    canary_text: str
+    writer_password: str
+    secrets: tuple[str, ...]
+    listener: socket.socket
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    tmp = tmp_path_factory.mktemp("attacks")
+    canary_text = f"CANARY-{uuid.uuid4().hex}"
+    canary = tmp / "canary.txt"
+    canary.write_text(canary_text + "\n")
+    writer_password = f"writer-{uuid.uuid4().hex}"
+    bus_password = f"bus-{uuid.uuid4().hex}"
+    secret_file = tmp / "writer-password"
+    secret_file.write_text(writer_password + "\n")
+    secret_file.chmod(0o600)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DART_SQL_WRITER_PASSWORD_FILE": str(secret_file),
+           "DART_KAFKA_PASSWORD": bus_password}
+    env.pop("DART_SQL_WRITER_PASSWORD", None)
+    port_file = tmp / "port"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests/data/live_endpoint.py"), str(tmp / "chdb"), "dart",
+                             str(port_file)], env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    try:
+        deadline = time.monotonic() + 120
+        while not (port_file.exists() and port_file.read_text().endswith("\n")):
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the endpoint did not start"
+            time.sleep(0.1)
+        yield Live(f"http://127.0.0.1:{int(port_file.read_text())}/", "dart", tmp, canary, canary_text,
+                   writer_password, (canary_text, writer_password, bus_password), listener)
+    finally:
+        listener.close()
+        proc.terminate()
+        proc.wait(20)
+
+
+def ask(live: Live, sql: str | bytes | None = None, params: dict | None = None,
+        headers: dict | None = None) -> tuple[int, str]:
+    url = live.url + ("?" + urllib.parse.urlencode(params) if params else "")
+    data = sql.encode() if isinstance(sql, str) else sql
+    req = urllib.request.Request(url, data=data, headers=headers or {}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
+
+
+def ask_raw(live: Live, query_string: str) -> tuple[int, str]:
+    """A GET with the query string as given (percent-escapes that are not UTF-8 included)."""
+    try:
+        with urllib.request.urlopen(f"{live.url}?{query_string}", timeout=30) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
+
+
+def as_writer(live: Live) -> dict:
+    return {"X-ClickHouse-User": "dart_writer", "X-ClickHouse-Key": live.writer_password}
+
+
+def tables(live: Live) -> str:
+    status, text = ask(live, "SELECT database, name FROM system.tables WHERE database NOT IN ('system', "
+                             "'INFORMATION_SCHEMA', 'information_schema') ORDER BY database, name", headers=as_writer(live))
+    assert status == 200, text
+    return text
+
+
+def files(live: Live) -> set[str]:
+    return {str(p) for p in live.tmp.rglob("*") if "chdb" not in p.relative_to(live.tmp).parts[:1]}
+
+
+def issue_reproducers(live: Live, port: int) -> list[tuple[str, dict]]:
+    """The requests of issue 35 as written, then the same shapes aimed at the canary."""
+    c, out = str(live.canary), str(live.tmp / "written-by-outfile")
+    return [
+        ("SELECT ‘'’; SELECT file(‘/etc/hostname’) --'", {}),
+        ("SELECT ‘'’; SELECT file(‘/proc/self/environ’) --'", {}),
+        (f"SELECT ‘'’; SELECT file(‘{c}’) --'", {}),
+        (f"SELECT ‘'’; SELECT 1 INTO OUTFILE ‘{out}’ --'", {}),
+        ("SELECT 1 FORMAT Template", {"format_template_resultset": "/etc/passwd"}),
+        ("SELECT 1 FORMAT Template", {"format_template_resultset": c}),
+        ("SELECT 1 FORMAT Protobuf", {"output_format_schema": str(live.tmp / "schema.proto")}),
+        ("SELECT * FROM system.processes", {}),
+        ("SELECT getServerSetting('path')", {}),
+        ("SELECT * FROM system.disks", {}),
+        (f"SELECT * FROM url('http://127.0.0.1:{port}/', 'LineAsString')", {}),
+    ]
+
+
+def corpus(live: Live, port: int) -> tuple[list[str], list[dict]]:
+    c, out = str(live.canary), str(live.tmp / "written")
+    return [
+        # lexer differences: every quote, comment and heredoc ClickHouse knows, hiding a second statement
+        f"SELECT ‘a’; SELECT file('{c}')", f"SELECT “a”; SELECT file('{c}')", f"SELECT 1 -- ‘\n; SELECT file('{c}')",
+        f"SELECT $$'$$; SELECT file('{c}') --'", f"SELECT $t$‘$t$; SELECT file('{c}')", f"SELECT '\\''; SELECT file('{c}')",
+        f"SELECT `‘`; SELECT file('{c}')", f"SELECT 1 /* ‘ */; SELECT file('{c}') /* ’ */", f"SELECT 1 #! ‘\n; SELECT file('{c}')",
+        f"SELECT ‘\\’’; SELECT file(‘{c}’)", f"SELECT 'x' ‘; SELECT file(‘{c}’) --’",
+        f"EXPLAIN AST SELECT 1; SELECT file('{c}')", f"SELECT file(‘{c}’)", f"SELECT * FROM file(‘{c}’, ‘LineAsString’)",
+        f"SELECT 1 INTO OUTFILE ‘{out}’", f"SELECT 1 INTO OUTFILE '{out}' TRUNCATE", f"SELECT 1 INTO OUTFILE $${out}$$",
+        f"WITH (SELECT file('{c}')) AS x SELECT x", f"SELECT * FROM view(SELECT file('{c}'))",
+        "SELECT * FROM input('x String')", f"SELECT * FROM format(LineAsString, (SELECT file('{c}')))",
+        # settings and formats that name files, from the query
+        f"SELECT 1 SETTINGS format_template_resultset = '{c}' FORMAT Template",
+        f"SELECT 1 FORMAT Template SETTINGS format_template_row = '{c}'",
+        f"SELECT 1 SETTINGS output_format_schema = '{out}' FORMAT Protobuf",
+        f"SELECT 1 SETTINGS format_schema = '{c}:M' FORMAT CapnProto",
+        "SELECT 1 SETTINGS max_execution_time = 1000000", "SELECT 1 SETTINGS readonly = 0",
+        # system tables however reached
+        "SELECT * FROM merge('system', '^proc')", "SELECT * FROM merge(REGEXP('sys'), '^proc')",
+        "SELECT * FROM INFORMATION_SCHEMA.tables", "SELECT * FROM information_schema.columns",
+        "SELECT 1 WHERE 'x' IN (SELECT query FROM system.processes)", "SELECT 1 WHERE 'x' IN system.processes",
+        "SELECT * FROM (SELECT 1) AS a, system.disks AS b", "SELECT * FROM system.query_log",
+        "SELECT * FROM system.tables", "SELECT * FROM system.databases", "DESCRIBE system.processes",
+        "SHOW PROCESSLIST", "SHOW TABLES FROM system", "SHOW CREATE TABLE system.processes", "EXISTS system.disks",
+        "SHOW DATABASES", "SHOW COLUMNS FROM processes FROM system", "SELECT hasColumnInTable('system', 'processes', 'query')",
+        "SELECT * FROM viewIfPermitted(SELECT * FROM system.processes ELSE null('x UInt8'))",
+        "SELECT getServerSetting('user_files_path')", "SELECT getMergeTreeSetting('index_granularity')",
+        # writes, external sources, programs
+        f"SELECT * FROM url('http://127.0.0.1:{port}/', 'LineAsString')",
+        f"SELECT * FROM s3('http://127.0.0.1:{port}/x.csv')", f"SELECT * FROM remote('127.0.0.1:{port}', system.one)",
+        "SELECT * FROM executable('id', 'TSV', 'x String')", "CREATE TABLE pwned (x UInt8) ENGINE = Memory",
+        "DROP TABLE trajectories", "INSERT INTO trajectories (rollout_id) VALUES ('pwned')", "KILL QUERY WHERE 1",
+        "SYSTEM DROP DNS CACHE", "SET readonly = 0",
+    ], [
+        {"database": "system"}, {"database": "INFORMATION_SCHEMA"}, {"format_schema": c}, {"readonly": "0"},
+        {"max_threads": "1\x00"}, {"default_format": "Template"}, {"output_format_schema": out},
+    ]
+
+
+def test_each_reproducer_and_the_corpus_is_refused_with_nothing_read_written_or_contacted(live: Live) -> None:
+    port = live.listener.getsockname()[1]
+    before_tables, before_files = tables(live), files(live)
+    seen = []
+    for sql, params in issue_reproducers(live, port):
+        status, text = ask(live, sql, params)
+        seen.append((sql, status, text))
+        assert status in (400, 403), (sql, params, status, text)
+        assert text.startswith("Code: ") and "rule: " in text, (sql, text)
+    statements, url_cases = corpus(live, port)
+    for sql in statements:
+        status, text = ask(live, sql)
+        seen.append((sql, status, text))
+        assert status in (400, 403), (sql, status, text)
+        assert "rule: " in text, (sql, text)
+    for params in url_cases:
+        status, text = ask(live, "SELECT count() FROM trajectories", params)
+        seen.append((str(params), status, text))
+        assert status in (400, 403) and "rule: " in text, (params, status, text)
+        name = next(iter(params))
+        assert name in text, (params, text)  # the refusal names the parameter
+    # the writer is trusted with its database, never with the host
+    for sql in (f"SELECT file('{live.canary}')", f"SELECT ‘'’; SELECT file(‘{live.canary}’) --'",
+                f"INSERT INTO trajectories (rollout_id) VALUES (file('{live.canary}'))",
+                f"SELECT 1 INTO OUTFILE '{live.tmp / 'w'}'", f"SELECT 1 SETTINGS format_schema = '{live.canary}:M'",
+                "SELECT count() FROM system.numbers SETTINGS max_execution_time = 1000000"):
+        status, text = ask(live, sql, headers=as_writer(live))
+        seen.append((sql, status, text))
+        assert status in (400, 403), (sql, status, text)
+    for sql, status, text in seen:
+        for secret in live.secrets:
+            assert secret not in text, (sql, status, "leaks a secret")
+    with pytest.raises(BlockingIOError):
+        live.listener.accept()  # nobody connected to the loopback listener
+    assert tables(live) == before_tables
+    assert files(live) == before_files
+    # malformed requests are a 400, and the endpoint keeps serving
+    assert ask(live, b"SELECT '\xff\xfe'")[0] == 400
+    assert ask(live, "SELECT 1\x00")[0] == 400
+    assert ask(live, params={"query": "SELECT 1", "param_x": "\x07"})[0] == 400
+    for raw in ("query=SELECT%20%27%ff%27", "query=SELECT%201&%ff=1", "query=SELECT%201&database=%c3%28"):
+        status, text = ask_raw(live, raw)
+        assert status == 400 and "malformed-request" in text, (raw, text)
+    status, text = ask(live, params={"query": "SELECT 1", "max_threads": "many"})
+    assert status == 400 and "bad-setting-value" in text, text
+    assert ask(live, "SELECT 42") == (200, "42\n")
+    # a limit a client may name is applied, but the server's own value wins
+    from dart.data.config import SqlLimits
+
+    got = ask(live, "SELECT getSetting('max_execution_time')", {"max_execution_time": "1e9"})
+    assert got == (200, f"{SqlLimits().max_execution_time_s:g}\n")
+
+
+def test_clients_still_work_against_the_guarded_endpoint(live: Live, tmp_path: Path) -> None:
+    import clickhouse_connect
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
+    host, port = "127.0.0.1", int(live.url.rsplit(":", 1)[1].strip("/"))
+    client = clickhouse_connect.get_client(host=host, port=port, database=live.database)
+    assert client.query("SELECT count() FROM trajectories").result_rows == [(3,)]
+    assert client.query("SELECT {n:UInt8} + 1 AS x", parameters={"n": 1}).result_rows == [(2,)]
+    df = client.query_df("SELECT rollout_id, reward FROM rewards FINAL ORDER BY rollout_id")
+    assert len(df) == 3 and sorted(df["reward"].tolist()) == [0.0, 1.0, 1.0]
+    assert client.query("SELECT name FROM system.settings WHERE name = 'max_threads'").result_rows == [("max_threads",)]
+    assert {r[0] for r in client.query("SHOW TABLES").result_rows} >= {"trajectories", "actions"}
+    assert client.query("SELECT ‘it’ AS a, 'it' = a AS same").result_rows == [("it", 1)]
+    with pytest.raises(DatabaseError, match="read-only"):
+        client.insert("trajectories", [["x"]], column_names=["rollout_id"])
+    client.close()
+    writer = clickhouse_connect.get_client(host=host, port=port, database=live.database, username="dart_writer",
+                                           password=live.writer_password)
+    writer.command("CREATE TABLE IF NOT EXISTS scratch (x UInt32, s String) ENGINE = Memory")
+    writer.insert("scratch", [[1, "a"], [2, "b"]], column_names=["x", "s"])
+    assert writer.query("SELECT sum(x) FROM scratch").result_rows == [(3,)]
+    writer.command("INSERT INTO scratch VALUES (3, 'c;d')")
+    assert writer.query("SELECT groupArray(s) FROM (SELECT s FROM scratch ORDER BY x)").result_rows == [(["a", "b", "c;d"],)]
+    writer.command("DROP TABLE scratch")
+    writer.close()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sql = subprocess.run([sys.executable, "-m", "dart.cli", "sql", "--url", live.url.rstrip("/"), "--database",
+                          live.database, "SELECT count() AS n FROM trajectories FORMAT TSV"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert (sql.returncode, sql.stdout) == (0, "3\n"), sql.stderr
+    refused = subprocess.run([sys.executable, "-m", "dart.cli", "sql", "--url", live.url.rstrip("/"), "--database",
+                              live.database, "SELECT * FROM system.processes"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "dart-database-only" in refused.stderr
+    report = subprocess.run([sys.executable, "-m", "dart.cli", "report", "--url", live.url.rstrip("/"), "--database",
+                             live.database, "--out", str(tmp_path / "report")],
+                            env=env, capture_output=True, text=True, timeout=180)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert (tmp_path / "report" / "report.txt").read_text().strip()
