@@ -27,7 +27,7 @@ WRITER = {**AFTER_RESTORE, "archiver": STARTED}
 ETC_DART = f"{CONFIG_DIR}:/etc/dart:ro"
 
 # Services only one file has.
-ONLY_FULL = {"kafka", "clickhouse", "rollout-worker-gpu"}  # registry images; the gpu profile needs a GPU
+ONLY_FULL = {"kafka", "clickhouse", "rollout-worker-gpu", "prometheus"}  # registry images; the gpu profile needs a GPU
 ONLY_EMBEDDED = {"broker", "log-restore"}  # the dev broker, and its rebuild from the archive volume
 # Every (service, key) whose value differs between the files that both have, with the embedded value.
 # `network_mode` and `environment` differ everywhere (host networking; the broker on loopback).
@@ -47,7 +47,10 @@ DIFFERENT: dict[tuple[str, str], Any] = {
 }
 # Environment variables only the full file sets: the ClickHouse server's password.
 ENV_ONLY_FULL = {"data-manager": {"CLICKHOUSE_PASSWORD"}}
-VOLUMES_ONLY_FULL = {"kafka-data", "clickhouse-data"}
+# ... and every service's Prometheus port: Prometheus (a registry image) is only in the full file, and
+# on host networking one fixed port for every service would clash.
+ENV_ONLY_FULL_EVERYWHERE = {"DART_METRICS_PORT", "DART_METRICS_HOST"}
+VOLUMES_ONLY_FULL = {"kafka-data", "clickhouse-data", "prometheus-data"}
 VOLUMES_ONLY_EMBEDDED = {"projection"}
 
 
@@ -118,7 +121,7 @@ def test_every_difference_from_docker_compose_yml_is_named() -> None:
         if key == "network_mode":
             assert svc["network_mode"] == "host", name
         else:  # the same variables, the broker's address changed (on loopback, not kafka:9092)
-            dropped = {"DART_BOOTSTRAP"} | ENV_ONLY_FULL.get(name, set())
+            dropped = {"DART_BOOTSTRAP"} | ENV_ONLY_FULL.get(name, set()) | ENV_ONLY_FULL_EVERYWHERE
             same = {k: v for k, v in full["services"][name]["environment"].items() if k not in dropped}
             assert {k: v for k, v in svc["environment"].items() if k != "DART_BOOTSTRAP"} == same, name
             assert svc["environment"]["DART_BOOTSTRAP"] == BROKER, name

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.deploy.stack import REPO
@@ -40,9 +39,6 @@ def test_every_long_running_dart_service_is_a_job_found_by_dns_on_the_metrics_po
         assert (sd["names"], sd["type"], sd["port"]) == ([name], "A", PORT), name
 
 
-@pytest.mark.xfail(strict=True, reason="docker-compose.yml (issue 37's) does not yet give the services "
-                                       "DART_METRICS_PORT/DART_METRICS_HOST nor a prometheus service: the change "
-                                       "is in the issue 39 report; remove this mark once it is merged")
 def test_the_compose_services_serve_metrics_where_prometheus_scrapes(raw_compose):
     for name, svc in scraped_services(raw_compose).items():
         env = svc.get("environment") or {}
