@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import random
 import time
@@ -30,8 +31,9 @@ from dart.train.batch import Dropped, ModelBatch, micro_batches, prepare_samples
 from dart.train.checkpoint import TrainState, commit_checkpoint, latest_checkpoint, load_rng, read_state
 from dart.train.config import TrainerConfig
 from dart.train.engine import Engine, ReferencePolicy, build_engine
+from dart.train.transfer import WeightTransfer, make_transfer
 from dart.train.update import UpdateResult, apply_update, step_metrics
-from dart.train.weights import put_weights, weights_published
+from dart.train.weights import weights_published
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,11 @@ class Trainer:
         return apply_update(self.engine, prepared.batches, self.cfg.loss, self.ref, epochs=self.cfg.ppo_epochs,
                             minibatches=self.cfg.ppo_minibatches)
 
+    @functools.cached_property
+    def transfer(self) -> WeightTransfer:
+        """How published versions travel (``cfg.transfer``); made on the first publication."""
+        return make_transfer(self.cfg.transfer)
+
     def already_consumed(self, event: BatchAssembled) -> bool:
         if event.seq <= self.state.seq:
             log.info("batch %s (seq %d) is at or before the checkpointed seq %d: skipped", event.batch_id,
@@ -163,7 +170,7 @@ class Trainer:
     def publish(self) -> WeightsPublished:
         """Store the current weights (from the newest checkpoint) and announce them as ``state.version``."""
         assert self.state.weights_are_version and self.last_checkpoint is not None
-        blobs = put_weights(self.blobs, self.last_checkpoint)
+        blobs = self.transfer.publish(self.state.version, self.last_checkpoint, self.blobs)
         return weights_published(run_id=self.cfg.run_id, producer=self.cfg.worker_id, version=self.state.version,
                                  blobs=blobs, train_step=self.state.step, batch_id=self.state.batch_id)
 
