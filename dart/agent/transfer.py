@@ -80,10 +80,14 @@ class TransferConfig:
         return "nccl" if torch.cuda.is_available() and self.device.startswith("cuda") else "gloo"
 
 
-def open_store(cfg: TransferConfig, *, master: bool) -> dist.TCPStore:
+def open_store(cfg: TransferConfig, *, master: bool, connect_s: float | None = None) -> dist.TCPStore:
+    """The rendezvous store (``master``: served here). ``connect_s``: give up connecting after that
+    long (the caller retries: TCPStore's own retries back off for a minute and more)."""
     host, port = cfg.host_port
-    return dist.TCPStore(host, port, cfg.world if master else None, master, timedelta(seconds=cfg.timeout_s),
-                         wait_for_workers=False)
+    store = dist.TCPStore(host, port, cfg.world if master else None, master,
+                          timedelta(seconds=connect_s or cfg.timeout_s), wait_for_workers=False)
+    store.set_timeout(timedelta(seconds=cfg.timeout_s))
+    return store
 
 
 def new_group(cfg: TransferConfig, store: dist.Store, gen: int, rank: int) -> Any:

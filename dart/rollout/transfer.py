@@ -37,7 +37,7 @@ class DirectReceiver:
     def _run(self) -> None:
         while not self._closed:
             try:
-                store = open_store(self.cfg, master=False)
+                store = open_store(self.cfg, master=False, connect_s=1.0)
                 gen = int(store.get("gen"))
                 store.set(f"{gen}/worker/{self.cfg.rank}", "1")
                 store.wait([f"{gen}/ready"])

@@ -12,7 +12,6 @@ import logging
 import queue
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -84,12 +83,8 @@ class DirectSender:
         keys = [f"{self.gen}/worker/{r}" for r in range(1, self.cfg.world)]
         log.info("weights group: generation %d waits for %d workers at %s", self.gen, self.cfg.workers,
                  self.cfg.address)
-        while not self._closed:
-            try:
-                self.store.wait(keys, timedelta(seconds=TICK_S))
-                break
-            except RuntimeError:  # DistStoreError: not all of them yet
-                continue
+        while not self._closed and not self.store.check(keys):
+            time.sleep(0.1)
         if self._closed:
             return
         self.store.set(f"{self.gen}/ready", "1")
