@@ -24,8 +24,6 @@ from dart.train.checkpoint import latest_checkpoint, read_state
 from dart.train.engine import free_port
 from tests.train.test_resume import publish_batches, start, stop, write_config
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-
 
 async def until(check, what: str, timeout_s: float = 120.0, proc=None, log=None) -> None:
     deadline = time.monotonic() + timeout_s
@@ -37,6 +35,8 @@ async def until(check, what: str, timeout_s: float = 120.0, proc=None, log=None)
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.kafka
+@pytest.mark.slow
 async def test_direct_path_two_workers_bit_identical_and_a_late_worker_from_the_blob_store(
         bus, tiny_dir, policy, tmp_path) -> None:
     from safetensors.torch import load_file
@@ -106,3 +106,51 @@ async def test_direct_path_two_workers_bit_identical_and_a_late_worker_from_the_
         await asyncio.gather(*tasks, return_exceptions=True)
         stop(trainer)
     assert trainer.returncode == 0, log.read_text()[-3000:]
+
+
+def test_wire_moves_every_dtype_bit_exactly_through_small_buckets() -> None:
+    """The broadcast stream cut into 7-byte buckets (tensors split across buckets and several in
+    one) gives every receiver the sender's bytes, dtypes and shapes."""
+    import threading
+
+    from dart.agent.transfer import (
+        describe,
+        new_group,
+        open_store,
+        receive_header,
+        receive_tensors,
+        send_header,
+        send_tensors,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(5, 3, generator=g).to(torch.bfloat16), "b": torch.randn(7, generator=g),
+             "scalar": torch.tensor(3.5, dtype=torch.float64), "ids": torch.arange(11), "mask": torch.rand(4) > 0.5,
+             "empty": torch.zeros(0, 2)}
+    cfg = TransferConfig(kind="direct", address=f"127.0.0.1:{free_port()}", workers=2, timeout_s=20.0)
+    store = open_store(cfg, master=True)
+    got: dict[int, dict] = {}
+
+    def member(rank: int) -> None:
+        client = store if rank == 0 else open_store(cfg, master=False)
+        group = new_group(cfg, client, 1, rank)
+        if rank == 0:
+            send_header(group, {"version": 7, "tensors": describe(state)}, "cpu")
+            assert send_tensors(group, state, 7, "cpu") == sum(t.numel() * t.element_size() for t in state.values())
+        else:
+            header = receive_header(group, "cpu")
+            got[rank] = {"version": header["version"], "state": receive_tensors(group, header["tensors"], 7, "cpu")}
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(got) == [1, 2]
+    for rank in (1, 2):
+        assert got[rank]["version"] == 7
+        received = got[rank]["state"]
+        assert list(received) == list(state)
+        for name, tensor in state.items():
+            assert received[name].dtype == tensor.dtype and received[name].shape == tensor.shape
+            assert torch.equal(received[name], tensor), name
