@@ -11,6 +11,7 @@ failed broadcast, a worker started late) comes from the blob store.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from typing import Any
@@ -37,6 +38,8 @@ class DirectReceiver:
     def _run(self) -> None:
         while not self._closed:
             try:
+                # a plain connect first: TCPStore logs a warning with a stack trace per failed try
+                socket.create_connection(self.cfg.host_port, timeout=1.0).close()
                 store = open_store(self.cfg, master=False, connect_s=1.0)
                 gen = int(store.get("gen"))
                 store.set(f"{gen}/worker/{self.cfg.rank}", "1")

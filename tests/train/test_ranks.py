@@ -97,16 +97,21 @@ async def test_two_ranks_train_shards_match_one_rank_and_survive_a_killed_rank(
         stopped_s = time.monotonic() - killed
         assert b.returncode != 0
         assert stopped_s < 15.0, f"the group took {stopped_s:.1f} s to stop"
+        print(f"the group stopped {stopped_s:.2f} s after rank 1 was killed")
         assert read_state(latest_checkpoint(tmp_path / "ckpt-two")).seq == 1
         assert await committed(bus, "trainer-two") == 2
 
-        b = torchrun(two, log_two)  # the restart: both ranks resume from step 2 and redo batch 2
+        # The restart, as `dart up` does it: `dart train` with `ranks: 2` starts itself under torchrun.
+        body["train"]["ranks"] = 2
+        (tmp_path / "two-ranks.yaml").write_text(yaml.safe_dump(body))
+        b = start(tmp_path / "two-ranks.yaml", log_two)  # both ranks resume from step 2 and redo batch 2
         wait_for_seq(tmp_path / "ckpt-two", 3, b, log_two)
         wait_for_seq(tmp_path / "ckpt-one", 3, a, log_one)
     finally:
         stop(a)
         stop(b)
     # torchrun exits 1 on SIGTERM whatever its workers do; they stop cleanly: rank 1 on rank 0's word.
+    assert "starting 2 trainer ranks" in log_two.read_text()
     restarted = log_two.read_text().split("ready at step 2", 1)[1]
     assert "rank 1: stopped by rank 0" in restarted, restarted[-3000:]
     assert not re.search(r"\[rank\d\]: Traceback", restarted), restarted[-3000:]
@@ -120,7 +125,11 @@ async def test_two_ranks_train_shards_match_one_rank_and_survive_a_killed_rank(
     assert w1.keys() == w2.keys()
     diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
     moved = max(float((w1[k] - tiny_policy.model.state_dict()[k]).abs().max()) for k in w1)
-    assert diff <= 1e-5 < moved, (diff, moved)
+    # Float summation order differs (shards, then an all-reduce) and AdamW's normalised steps carry
+    # that to ~1e-5 on coordinates whose gradient nearly cancels; a wrong shard, mask or scale
+    # moves weights by the size of the update itself (~4e-3).
+    assert diff <= 5e-5 and diff < 0.02 * moved, (diff, moved)
+    print(f"two ranks vs one: max |w2 - w1| = {diff:.3g} (the update moved weights by up to {moved:.3g})")
 
     # Every batch trained once by the two-rank trainer, on both ranks' shards of the same samples.
     steps = [e for e in await events_of(bus, bus.topics.metrics, "trainer-two") if isinstance(e, TrainStepCompleted)]
