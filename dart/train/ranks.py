@@ -364,4 +364,6 @@ async def serve_ranks(cfg: TrainerConfig, bus: BusConfig) -> None:
                 except RuntimeError as exc:  # a rank already gone: nothing to stop
                     log.warning("rank 0: could not tell the other ranks to stop: %s", exc)
         await asyncio.to_thread(producer.flush)
+        if "transfer" in vars(trainer):
+            await asyncio.to_thread(trainer.transfer.close)
         dist.destroy_process_group()

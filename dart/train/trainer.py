@@ -210,3 +210,5 @@ async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
         await consumer.run()
     finally:
         await asyncio.to_thread(producer.flush)
+        if "transfer" in vars(trainer):  # tell a weights group's workers (they rejoin the next trainer)
+            await asyncio.to_thread(trainer.transfer.close)
