@@ -310,13 +310,20 @@ async def serve_ranks(cfg: TrainerConfig, bus: BusConfig) -> None:
     last = time.monotonic()
     tick_s = min(5.0, cfg.engine.dist_timeout_s / 4)
 
+    lost: list[BaseException] = []
+
     async def ticks() -> None:
         nonlocal last
         while True:
             await asyncio.sleep(tick_s / 2)
             if time.monotonic() - last >= tick_s and not collective.locked():
                 async with collective:
-                    await asyncio.to_thread(_broadcast, TICK)
+                    try:
+                        await asyncio.to_thread(_broadcast, TICK)
+                    except RuntimeError as exc:  # a rank died between batches: stop, nothing uncommitted
+                        lost.append(exc)
+                        consumer.stop()
+                        return
                     last = time.monotonic()
 
     async def on_batch(delivered: Delivered) -> None:
@@ -352,6 +359,8 @@ async def serve_ranks(cfg: TrainerConfig, bus: BusConfig) -> None:
     halted = False
     try:
         await consumer.run()
+        if lost:
+            raise TrainerHalted(f"a rank left the group between batches ({lost[0]}); restart the trainer")
     except BaseException:
         halted = True
         raise
