@@ -25,6 +25,7 @@ from typing import Literal
 
 from dart.agent.actions import InvalidAction, to_wire
 from dart.agent.prompt import PromptConfig, blob_image_loader, build_messages, prompt_hash
+from dart.agent.transfer import TransferConfig
 from dart.agent.uitars import parse_actions
 from dart.blobs import BlobStore
 from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Producer
@@ -35,6 +36,7 @@ from dart.events.manifest import PromptContext
 from dart.rollout.engine import Engine, GenerateRequest, Generation
 from dart.rollout.hf_engine import HFEngineConfig
 from dart.rollout.openai_engine import OpenAIEngineConfig
+from dart.rollout.transfer import open_receiver
 from dart.rollout.weights import WeightFollower
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ class RolloutWorkerConfig:
     convention: Literal["qwen25vl", "qwen2vl"] = "qwen25vl"
     """Coordinate convention of the model's answers (UI-TARS-1.5: qwen25vl)."""
     prompt: PromptConfig = field(default_factory=PromptConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
+    """The direct weight path (``kind: direct`` and this worker's ``rank``); default: the blob store."""
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     openai: OpenAIEngineConfig = field(default_factory=OpenAIEngineConfig)
 
@@ -142,7 +146,8 @@ class RolloutWorker:
         self.busy = 0
         self.answered = 0
         self.follower = WeightFollower(
-            engine, store, worker_id=self.worker_id, run_id=cfg.run_id, send=self._announce
+            engine, store, worker_id=self.worker_id, run_id=cfg.run_id, send=self._announce,
+            direct=open_receiver(cfg.transfer, self.worker_id) if cfg.follow_weights else None,
         )
         self._started = time.monotonic()
 
@@ -319,6 +324,8 @@ class RolloutWorker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.gather(*tasks, return_exceptions=True)
             await self.engine.close()
+            if self.follower.direct is not None:
+                self.follower.direct.close()
             if self._own_producer:
                 await asyncio.to_thread(self.producer.close)
 

@@ -25,6 +25,7 @@ from dart.blobs import BlobStore
 from dart.errors import DartError
 from dart.events import Event, WeightsLoaded, WeightsPublished
 from dart.rollout.engine import Engine
+from dart.rollout.transfer import DirectReceiver
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,13 @@ class WeightFollower:
     """Keeps one engine on the newest published version. Feed it deliveries from the weights
     topic with :meth:`offer`; :meth:`run` does the fetching and swapping."""
 
-    def __init__(self, engine: Engine, store: BlobStore, *, worker_id: str, run_id: str, send: Send) -> None:
+    def __init__(self, engine: Engine, store: BlobStore, *, worker_id: str, run_id: str, send: Send,
+                 direct: DirectReceiver | None = None) -> None:
         self.engine = engine
+        self.direct = direct
+        """The direct weight path (None: the blob store only)."""
+        self.sources: dict[int, str] = {}
+        """Which path carried each version this worker loaded: direct or blobs."""
         self.store = store
         self.worker_id = worker_id
         self.run_id = run_id
@@ -81,7 +87,11 @@ class WeightFollower:
         try:
             check_version_digest(event)
             ref = weights_blob(event)
-            state = await asyncio.to_thread(lambda: state_dict_from_bytes(self.store.get(ref.digest)))
+            state = await self.direct.take(event.version) if self.direct is not None else None
+            source = "blobs" if state is None else "direct"
+            if state is None:
+                state = await asyncio.to_thread(lambda: state_dict_from_bytes(self.store.get(ref.digest)))
+            self.sources[event.version] = source
             fetch_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             await self.engine.swap_weights(event.version, state)
@@ -105,10 +115,11 @@ class WeightFollower:
         )
         if error is None:
             log.info(
-                "worker %s serves version %d (was %d): fetch %.3f s, swap %.3f s",
+                "worker %s serves version %d (was %d): fetch %.3f s (%s), swap %.3f s",
                 self.worker_id,
                 event.version,
                 previous,
+                self.sources.get(event.version),
                 fetch_s,
                 swap_s,
             )

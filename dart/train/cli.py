@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dart.train.trainer import TrainerHalted, serve
 
     cfg = build(TrainerConfig, train_section(args), path="train")
+    from dart.train import ranks
+
+    if ranks.world()[1] > 1:  # one rank of several, under a launcher
+        serve = ranks.serve_ranks
+    elif cfg.ranks > 1:       # start the ranks: torchrun runs this command once per rank
+        command = ranks.launch_command(cfg.ranks, launch_args(args))
+        log.info("starting %d trainer ranks: %s", cfg.ranks, " ".join(command))
+        os.execv(command[0], command)
     try:
         asyncio.run(serve(cfg, bus_from_args(args)))
     except TrainerHalted as exc:
         log.error("%s", exc)
         return 1
     return 0
+
+
+def launch_args(args: argparse.Namespace) -> list[str]:
+    """The arguments of this ``dart train CONFIG`` run again, for each rank."""
+    out = [str(args.config)]
+    for flag in ("model", "blobs", "lr", "bootstrap", "prefix"):
+        if getattr(args, flag) is not None:
+            out += [f"--{flag}", str(getattr(args, flag))]
+    return out
 
 
 def cmd_sft(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from dart.agent.prompt import PromptConfig
+from dart.agent.transfer import TransferConfig
 from dart.config import require
 from dart.train.loss import LossConfig
 
@@ -55,9 +56,13 @@ class EngineConfig:
     """Recompute activations in the backward pass (memory for time)."""
     threads: int | None = None
     """torch CPU threads (None: torch's default). Fixed thread counts keep CPU runs bit-reproducible."""
+    dist_timeout_s: float = 300.0
+    """Several ranks: the process group's timeout (gloo's default is 30 min). A rank that exits is
+    noticed at once (its connections close); one that hangs stops the others after this long."""
 
     def __post_init__(self) -> None:
         require(0 <= self.zero_stage <= 3, "engine.zero_stage", f"must be 0..3, got {self.zero_stage}")
+        require(self.dist_timeout_s > 0, "engine.dist_timeout_s", f"must be > 0, got {self.dist_timeout_s}")
         require(self.micro_batch_samples >= 1, "engine.micro_batch_samples",
                 f"must be >= 1, got {self.micro_batch_samples}")
         require(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
@@ -79,6 +84,9 @@ class TrainerConfig:
     """Producer id of this trainer on its events."""
     group: str = "trainer"
     """Consumer group on the batches topic (the bus itself is configured by the file's ``bus:`` section)."""
+    ranks: int = 1
+    """Trainer processes (one per GPU): above 1, `dart train` starts itself under torchrun with this
+    many ranks (``dart.train.ranks``); under a launcher its WORLD_SIZE decides instead."""
     seed: int = 0
     """Seed of torch / random / numpy at start (resumes restore the RNG state instead)."""
     keep_checkpoints: int = 2
@@ -93,6 +101,9 @@ class TrainerConfig:
     ppo_minibatches: int = 1
     """Optimiser steps per pass: the batch's micro-batches dealt into this many mini-batches;
     with more than one step per batch, π_old is the policy before the batch and the PPO clip acts."""
+    transfer: TransferConfig = field(default_factory=TransferConfig)
+    """How published versions reach the rollout workers: the blob store (default) or also a direct
+    broadcast to the workers' group (:mod:`dart.agent.transfer`)."""
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -105,6 +116,7 @@ class TrainerConfig:
         return self.ppo_epochs * self.ppo_minibatches > 1
 
     def __post_init__(self) -> None:
+        require(self.ranks >= 1, "ranks", f"must be >= 1, got {self.ranks}")
         require(self.ppo_epochs >= 1, "ppo_epochs", f"must be >= 1, got {self.ppo_epochs}")
         require(self.ppo_minibatches >= 1, "ppo_minibatches", f"must be >= 1, got {self.ppo_minibatches}")
         require(self.keep_checkpoints >= 1, "keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")

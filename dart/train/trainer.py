@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import random
 import time
@@ -29,9 +30,10 @@ from dart.events.manifest import BatchManifest
 from dart.train.batch import Dropped, ModelBatch, micro_batches, prepare_samples, step_mask
 from dart.train.checkpoint import TrainState, commit_checkpoint, latest_checkpoint, load_rng, read_state
 from dart.train.config import TrainerConfig
-from dart.train.engine import ReferencePolicy, build_engine
-from dart.train.update import apply_update, step_metrics
-from dart.train.weights import put_weights, weights_published
+from dart.train.engine import Engine, ReferencePolicy, build_engine
+from dart.train.transfer import WeightTransfer, make_transfer
+from dart.train.update import UpdateResult, apply_update, step_metrics
+from dart.train.weights import weights_published
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +69,13 @@ class Trainer:
         self.load_image = blob_image_loader(blobs)
         # The KL reference is the initial policy, also after a resume (copied before any update).
         ref_model = copy.deepcopy(policy.model) if cfg.loss.kl_coef > 0 else None
-        self.engine = build_engine(policy.model, cfg.optim, cfg.engine)
+        self.engine = self.build_engine(policy.model)
         self.ref = ReferencePolicy(ref_model, self.engine.device, getattr(torch, cfg.engine.dtype)) \
             if ref_model is not None else None
         if not cfg.clip_acts:
             log.info("one optimiser step per batch (ppo_epochs 1, ppo_minibatches 1): the PPO ratio is 1, so "
                      "the clip range (eps_low %g, eps_high %g) changes nothing", cfg.loss.eps_low, cfg.loss.eps_high)
-        self.last_checkpoint = latest_checkpoint(cfg.checkpoint_dir)
+        self.last_checkpoint = self.find_checkpoint()
         if self.last_checkpoint is not None:
             self.engine.load_state(self.last_checkpoint)
             load_rng(self.last_checkpoint)
@@ -86,6 +88,23 @@ class Trainer:
             torch.manual_seed(cfg.seed)
             self.state = TrainState()
             self.checkpoint()  # version 0 = the initial weights, published from this checkpoint
+
+    def build_engine(self, model: torch.nn.Module) -> Engine:
+        return build_engine(model, self.cfg.optim, self.cfg.engine)
+
+    def find_checkpoint(self) -> Path | None:
+        """The checkpoint to resume from (None: a fresh start)."""
+        return latest_checkpoint(self.cfg.checkpoint_dir)
+
+    def apply(self, prepared: Prepared) -> UpdateResult:
+        """The update itself (:func:`dart.train.update.apply_update`)."""
+        return apply_update(self.engine, prepared.batches, self.cfg.loss, self.ref, epochs=self.cfg.ppo_epochs,
+                            minibatches=self.cfg.ppo_minibatches)
+
+    @functools.cached_property
+    def transfer(self) -> WeightTransfer:
+        """How published versions travel (``cfg.transfer``); made on the first publication."""
+        return make_transfer(self.cfg.transfer)
 
     def already_consumed(self, event: BatchAssembled) -> bool:
         if event.seq <= self.state.seq:
@@ -112,16 +131,15 @@ class Trainer:
     def update(self, prepared: Prepared) -> TrainStepCompleted | None:
         """Apply one update and return its report; None (and no update) when no sample is left."""
         manifest = prepared.manifest
-        if not prepared.batches:
+        if not prepared.adv_B.numel():  # no kept sample (on any rank)
             log.warning("batch %s: no trainable sample (%d dropped): no update", manifest.batch_id,
                         len(prepared.dropped))
             self.state = self.state.consumed(manifest.seq, manifest.batch_id)
             return None
-        result = apply_update(self.engine, prepared.batches, self.cfg.loss, self.ref, epochs=self.cfg.ppo_epochs,
-                              minibatches=self.cfg.ppo_minibatches)
+        result = self.apply(prepared)
         publish = (self.state.step + 1) % self.cfg.publish_every == 0
         self.state = self.state.updated(publish=publish).consumed(manifest.seq, manifest.batch_id)
-        metrics = step_metrics(result, prepared.dropped, kept=sum(b.adv_B.numel() for b in prepared.batches),
+        metrics = step_metrics(result, prepared.dropped, kept=prepared.adv_B.numel(),
                                adv_B=prepared.adv_B,
                                timings={"prepare": prepared.prepare_s, "update": result.duration_s,
                                         "step": prepared.prepare_s + result.duration_s})
@@ -152,7 +170,7 @@ class Trainer:
     def publish(self) -> WeightsPublished:
         """Store the current weights (from the newest checkpoint) and announce them as ``state.version``."""
         assert self.state.weights_are_version and self.last_checkpoint is not None
-        blobs = put_weights(self.blobs, self.last_checkpoint)
+        blobs = self.transfer.publish(self.state.version, self.last_checkpoint, self.blobs)
         return weights_published(run_id=self.cfg.run_id, producer=self.cfg.worker_id, version=self.state.version,
                                  blobs=blobs, train_step=self.state.step, batch_id=self.state.batch_id)
 
@@ -192,3 +210,5 @@ async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
         await consumer.run()
     finally:
         await asyncio.to_thread(producer.flush)
+        if "transfer" in vars(trainer):  # tell a weights group's workers (they rejoin the next trainer)
+            await asyncio.to_thread(trainer.transfer.close)

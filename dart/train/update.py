@@ -34,7 +34,8 @@ class UpdateResult:
 
 
 def apply_update(engine: Engine, batches: Sequence[ModelBatch], loss_cfg: LossConfig,
-                 ref: ReferencePolicy | None = None, *, epochs: int = 1, minibatches: int = 1) -> UpdateResult:
+                 ref: ReferencePolicy | None = None, *, epochs: int = 1, minibatches: int = 1,
+                 num_samples: int | None = None) -> UpdateResult:
     """The policy update of one batch of micro-batches.
 
     Default (``epochs = minibatches = 1``): forward/backward every micro-batch, then clip and
@@ -46,11 +47,14 @@ def apply_update(engine: Engine, batches: Sequence[ModelBatch], loss_cfg: LossCo
     before any step; the micro-batches are dealt round-robin into ``minibatches`` mini-batches and
     each epoch takes one optimiser step per mini-batch (its loss normalised by that mini-batch's
     samples), so the clipped ratio bounds how far each step moves from π_old.
+
+    ``num_samples`` (one step only): the selected samples of the whole batch when ``batches``
+    is one rank's shard of it (:mod:`dart.train.ranks`); default: those of ``batches``.
     """
     if epochs < 1 or minibatches < 1:
         raise ValueError(f"epochs and minibatches must be >= 1, got {epochs} and {minibatches}")
     if epochs == 1 and minibatches == 1:
-        return _single_step(engine, batches, loss_cfg, ref)
+        return _single_step(engine, batches, loss_cfg, ref, num_samples)
     start = time.perf_counter()
     with torch.no_grad():
         old = [engine.forward(b)[0].detach() for b in batches]
@@ -82,9 +86,10 @@ def apply_update(engine: Engine, batches: Sequence[ModelBatch], loss_cfg: LossCo
 
 
 def _single_step(engine: Engine, batches: Sequence[ModelBatch], loss_cfg: LossConfig,
-                 ref: ReferencePolicy | None) -> UpdateResult:
+                 ref: ReferencePolicy | None, num_samples: int | None = None) -> UpdateResult:
     start = time.perf_counter()
-    num_samples = int(sum(int(b.step_mask_B.sum()) for b in batches))
+    if num_samples is None:
+        num_samples = int(sum(int(b.step_mask_B.sum()) for b in batches))
     stats = LossStats()
     for batch in batches:
         logp_B_T, entropy_B_T = engine.forward(batch)

@@ -68,17 +68,21 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-async def publish_batches(bus, store: LocalBlobStore, policy) -> None:
+async def publish_batches(bus, store: LocalBlobStore, policy, seqs: range = range(BATCHES), *,
+                          groups: int = 1) -> None:
+    """Batches ``seqs`` (``groups`` groups of 3 two-step trajectories each) on the batches topic."""
     producer = Producer(bus)
     try:
-        for seq in range(BATCHES):
-            manifest = make_manifest(store, policy, seq=seq, groups=1, per_group=3, steps=2, seed=seq)
+        for seq in seqs:
+            manifest = make_manifest(store, policy, seq=seq, groups=groups, per_group=3, steps=2, seed=seq)
             body = manifest.to_bytes()
             await producer.send(BatchAssembled.new(
                 run_id="resume", producer="test", batch_id=manifest.batch_id, seq=seq,
                 manifest_digest=store.put(body), manifest_bytes=len(body), num_samples=len(manifest.samples),
-                num_groups=1, num_trajectories=3, rollout_ids=sorted({s.rollout_id for s in manifest.samples}),
-                task_ids=["task0"], min_policy_version=0, max_policy_version=0, trainer_version=0))
+                num_groups=groups, num_trajectories=3 * groups,
+                rollout_ids=sorted({s.rollout_id for s in manifest.samples}),
+                task_ids=sorted({s.task_id for s in manifest.samples}), min_policy_version=0, max_policy_version=0,
+                trainer_version=0))
     finally:
         producer.close()
 

@@ -1,0 +1,184 @@
+"""The direct weight path's wire: a ``torch.distributed`` group of the trainer and its rollout workers.
+
+``transfer.kind: blobs`` (the default) moves every version through the blob store only.
+``transfer.kind: direct`` also broadcasts it from the trainer (group rank 0) to the rollout
+workers (ranks 1..``workers``) over a process group of their own: gloo on CPU, NCCL on GPUs.
+The blob store still gets every version (``WeightsPublished`` names its blobs, so the log and a
+replay stay complete, and a worker that missed a broadcast or started late fetches it there).
+
+One broadcast = a header (JSON: version, tensor names, dtypes, shapes) and then the tensors'
+bytes as one stream cut into buckets of ``bucket_mb``: the sender and every receiver hold one
+bucket in flight, plus the receiver's destination tensors. A header ``{"tick": true}`` every
+few seconds keeps an idle group inside its timeout.
+
+Forming the group (a TCPStore served by the trainer at ``address``): the trainer writes the
+generation ``gen``; each worker registers ``<gen>/worker/<rank>``; once all have, the trainer
+writes ``<gen>/ready`` and every member builds the group under the prefix ``<gen>``. A failed
+broadcast (a worker died) makes the trainer start the next generation; a worker whose group
+fails (the trainer died or moved on) joins the next one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from dart.config import require
+
+TICK_S = 2.0
+"""Seconds between ticks of an idle group."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransferConfig:
+    """How weight versions reach the rollout workers (the same section on both sides)."""
+
+    kind: Literal["blobs", "direct"] = "blobs"
+    """blobs: through the blob store only. direct: also broadcast over a process group."""
+    address: str = "127.0.0.1:29600"
+    """host:port of the trainer's rendezvous store (direct)."""
+    workers: int = 1
+    """Rollout workers in the group (direct): ranks 1..workers."""
+    rank: int = 0
+    """This rollout worker's rank in the group, 1..workers (the trainer is 0); 0 on a worker: not
+    in the group (it follows through the blob store)."""
+    bucket_mb: int = 256
+    """Bytes in flight per broadcast step (one bucket on each side)."""
+    timeout_s: float = 60.0
+    """A broadcast (or the wait for a member) that takes longer fails; the version still reaches
+    every worker through the blob store."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """auto: nccl when CUDA is available, else gloo."""
+    device: str = "cpu"
+    """Where buffers live (cpu, or cuda:N for nccl)."""
+
+    def __post_init__(self) -> None:
+        require(self.workers >= 1, "transfer.workers", f"must be >= 1, got {self.workers}")
+        require(0 <= self.rank <= self.workers, "transfer.rank", f"must be in 0..workers, got {self.rank}")
+        require(self.bucket_mb >= 1, "transfer.bucket_mb", f"must be >= 1, got {self.bucket_mb}")
+        require(self.timeout_s > 0, "transfer.timeout_s", f"must be > 0, got {self.timeout_s}")
+        require(":" in self.address, "transfer.address", f"must be host:port, got {self.address!r}")
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, port = self.address.rsplit(":", 1)
+        return host, int(port)
+
+    @property
+    def world(self) -> int:
+        return self.workers + 1
+
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if torch.cuda.is_available() and self.device.startswith("cuda") else "gloo"
+
+
+def open_store(cfg: TransferConfig, *, master: bool, connect_s: float | None = None) -> dist.TCPStore:
+    """The rendezvous store (``master``: served here). ``connect_s``: give up connecting after that
+    long (the caller retries: TCPStore's own retries back off for a minute and more)."""
+    host, port = cfg.host_port
+    store = dist.TCPStore(host, port, cfg.world if master else None, master,
+                          timedelta(seconds=connect_s or cfg.timeout_s), wait_for_workers=False)
+    store.set_timeout(timedelta(seconds=cfg.timeout_s))
+    return store
+
+
+def new_group(cfg: TransferConfig, store: dist.Store, gen: int, rank: int) -> Any:
+    """The process group of generation ``gen`` (all members call this at about the same time)."""
+    prefixed = dist.PrefixStore(f"g{gen}", store)
+    timeout = timedelta(seconds=cfg.timeout_s)
+    if cfg.resolved_backend() == "nccl":
+        return dist.ProcessGroupNCCL(prefixed, rank, cfg.world, timeout=timeout)
+    return dist.ProcessGroupGloo(prefixed, rank, cfg.world, timeout)
+
+
+def _broadcast(group: Any, tensor: torch.Tensor) -> None:
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 0
+    group.broadcast([tensor], opts).wait()
+
+
+def send_header(group: Any, header: dict[str, Any], device: str) -> None:
+    body = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8)
+    _broadcast(group, torch.tensor([body.numel()], dtype=torch.int64, device=device))
+    _broadcast(group, body.to(device))
+
+
+def receive_header(group: Any, device: str) -> dict[str, Any]:
+    size = torch.zeros(1, dtype=torch.int64, device=device)
+    _broadcast(group, size)
+    body = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    _broadcast(group, body)
+    header: dict[str, Any] = json.loads(bytes(body.cpu().numpy()))
+    return header
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name!r}")
+    return dtype
+
+
+def describe(state: dict[str, torch.Tensor]) -> list[list[Any]]:
+    """[name, dtype, shape] of every tensor, in sending order."""
+    return [[name, str(t.dtype), list(t.shape)] for name, t in state.items()]
+
+
+def _segments(views: Sequence[torch.Tensor], bucket: int) -> Iterator[list[tuple[int, int, int]]]:
+    """The byte stream of ``views`` cut into buckets: per bucket, (view, start, end) pieces."""
+    pieces: list[tuple[int, int, int]] = []
+    room = bucket
+    for i, view in enumerate(views):
+        start = 0
+        while start < view.numel():
+            take = min(room, view.numel() - start)
+            pieces.append((i, start, start + take))
+            start += take
+            room -= take
+            if room == 0:
+                yield pieces
+                pieces, room = [], bucket
+    if pieces:
+        yield pieces
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def send_tensors(group: Any, state: dict[str, torch.Tensor], bucket_bytes: int, device: str) -> int:
+    """Broadcast the tensors' bytes (after their header); returns the bytes sent."""
+    views = [_bytes(t) for t in state.values()]
+    buffer = torch.empty(bucket_bytes, dtype=torch.uint8, device=device)
+    sent = 0
+    for pieces in _segments(views, bucket_bytes):
+        offset = 0
+        for i, start, end in pieces:
+            buffer[offset: offset + end - start].copy_(views[i][start:end])
+            offset += end - start
+        _broadcast(group, buffer[:offset])
+        sent += offset
+    return sent
+
+
+def receive_tensors(group: Any, layout: list[list[Any]], bucket_bytes: int, device: str) -> dict[str, torch.Tensor]:
+    """The tensors a header announced, on CPU."""
+    state = {name: torch.empty(shape, dtype=_dtype(dtype)) for name, dtype, shape in layout}
+    views = [_bytes(t) for t in state.values()]
+    buffer = torch.empty(bucket_bytes, dtype=torch.uint8, device=device)
+    for pieces in _segments(views, bucket_bytes):
+        size = sum(end - start for _, start, end in pieces)
+        _broadcast(group, buffer[:size])
+        offset = 0
+        for i, start, end in pieces:
+            views[i][start:end].copy_(buffer[offset: offset + end - start])
+            offset += end - start
+    return state
