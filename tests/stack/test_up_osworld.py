@@ -35,7 +35,7 @@ def osworld_cfg(tmp_path: Path, **extra) -> StackConfig:
 def test_the_osworld_config_builds_every_service_with_a_dart_serve_for_the_openai_engine(tmp_path):
     cfg = build(StackConfig, load_yaml(REPO / "configs" / "osworld-xdesktop.yaml"))
     out = service_sections(cfg, workdir=tmp_path, model_dir=tmp_path / "init", serve_port=8123)
-    assert set(out) == {"env-0", "serve", "rollout-0", "trainer", "data-manager", "archiver"}
+    assert set(out) == {"env-0", "serve", "rollout-0", "trainer", "data-manager", "archiver", "metrics"}
     rollout = out["rollout-0"]["rollout"]
     assert rollout["engine"] == "openai" and rollout["openai"]["base_url"] == "http://127.0.0.1:8123/v1"
     assert rollout["follow_weights"] is False and rollout["openai"]["timeout_s"] == 300
