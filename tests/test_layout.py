@@ -140,3 +140,28 @@ def test_no_import_circle_between_files_of_dart() -> None:
                          ids=lambda p: str(p.relative_to(DART)))
 def test_the_kernel_and_the_agent_core_do_not_touch_the_bus(path: Path) -> None:
     assert not any(n.startswith(("dart.bus", "aiokafka", "confluent_kafka")) for _, n in imports_of(path))
+
+
+GUEST_AGENT_MODULES = {
+    "dart", "dart.errors", "dart.events", "dart.events.types", "dart.agent", "dart.agent.actions", "dart.env",
+    "dart.env.xdotool", "dart.env.guest_agent", "dart.env.guest_agent.protocol", "dart.env.guest_agent.server",
+    "dart.env.guest_agent.desktop",
+}
+"""What the guest agent runs: its server, the typed actions and their wire form, and xdotool (12
+modules; 25 before the xdotool wrapper left dart/env/xdesktop, fastavro and the codec among them)."""
+
+
+def test_the_guest_agent_imports_only_what_it_runs() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, dart.env.guest_agent.server; "
+            "print(' '.join(sorted(m for m in sys.modules if m == 'dart' or m.startswith('dart.')))); "
+            "print('fastavro' in sys.modules, 'aiokafka' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}).stdout.splitlines()
+    loaded = set(out[0].split())
+    assert loaded == GUEST_AGENT_MODULES, (f"more: {sorted(loaded - GUEST_AGENT_MODULES)}, "
+                                           f"fewer: {sorted(GUEST_AGENT_MODULES - loaded)}")
+    assert len(loaded) == 12
+    assert out[1] == "False False False"  # no codec, bus client or model in a VM
