@@ -77,8 +77,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import dataclasses
 
     from dart.blobs import LocalBlobStore
-    from dart.stack.episodes import evaluate
-    from dart.stack.recipe import make_tasks
+    from dart.recipe.config import make_tasks
+    from dart.recipe.episodes import evaluate
     from dart.stack.up import latest_checkpoint, load_checkpoint_policy
 
     cfg = load_stack_config(args.config, args)
@@ -102,7 +102,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.target[:1] == ["update"]:
         if len(args.target) != 3 or not args.target[2].isdigit():
             raise ConfigError("replay update: expected RUN_DIR VERSION (VERSION a number)")
-        from dart.stack.debug import replay_update
+        from dart.recipe.debug import replay_update
 
         update = replay_update(Path(args.target[1]), int(args.target[2]))
         print(update.text())
@@ -111,7 +111,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return replay_store(args)
     if len(args.target) != 4 or not args.target[3].isdigit():
         raise ConfigError("replay decision: expected RUN_DIR ROLLOUT_ID STEP (STEP a number)")
-    from dart.stack.debug import replay_decision
+    from dart.recipe.debug import replay_decision
 
     _, run_dir, rollout_id, step = args.target
     result = replay_decision(Path(run_dir), rollout_id, int(step), worker_config=args.worker_config)

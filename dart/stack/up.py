@@ -55,7 +55,7 @@ def import_oracle_experience(bus: BusConfig, run_id: str, tasks: list[dict[str, 
     so the data manager can inject a success into a group whose online rollouts all failed."""
     from dart.data.experience import experience_events
     from dart.events import now_ms
-    from dart.stack.warmstart import oracle_samples
+    from dart.recipe.warmstart import oracle_samples
 
     by_rollout: dict[str, list[Any]] = {}
     for sample in oracle_samples(tasks, policy, store, recipe):
@@ -108,9 +108,9 @@ def load_checkpoint_policy(base_dir: Path, checkpoint: Path | None) -> Any:
 
 def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]:
     """Run the whole thing; returns the summary (also written to WORKDIR/summary.json)."""
-    from dart.stack.episodes import evaluate, success_by_instruction
-    from dart.stack.recipe import make_tasks
-    from dart.stack.warmstart import warm_start
+    from dart.recipe.config import make_tasks
+    from dart.recipe.episodes import evaluate, success_by_instruction
+    from dart.recipe.warmstart import warm_start
 
     t_start = time.monotonic()
     recipe = cfg.recipe

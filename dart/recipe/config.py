@@ -2,8 +2,8 @@
 frozen config, and the tasks it draws.
 
 ``dart up`` reads it from a config file's ``recipe:`` section; the one-process run
-(:mod:`dart.stack.learn`), the warm start (:mod:`dart.stack.warmstart`) and evaluation
-(:mod:`dart.stack.episodes`) all take it. Defaults are the recipe that learns.
+(:mod:`dart.recipe.learn`), the warm start (:mod:`dart.recipe.warmstart`) and evaluation
+(:mod:`dart.recipe.episodes`) all take it. Defaults are the recipe that learns.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ to the blob store, the prompt is built from it and the history (``dart.agent.pro
 the rollout worker builds it), the engine answers, the answer is parsed in the rollout
 worker's frame, and its actions run until the screen reports ``done`` or a terminal action
 comes; at most ``max_steps`` turns; then the task's own evaluator scores it. Used by the
-learnability recipe (:mod:`dart.stack.recipe`) for held-out evaluation and RL rollouts.
+learnability recipe (:mod:`dart.recipe.config`) for held-out evaluation and RL rollouts.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dart.events.manifest import PromptContext
 
 if TYPE_CHECKING:
     from dart.agent.model import Policy
+    from dart.recipe.config import Recipe
     from dart.rollout.engine import GenerateRequest, Generation
-    from dart.stack.recipe import Recipe
 
 
 class Answerer(Protocol):

@@ -14,7 +14,7 @@ preparation, loss and update, and ``dart train --sft`` — wired in-process with
         apply_update(engine, samples of groups with mixed rewards, loss)
     evaluate(final, eval tasks)
 
-Episodes (:mod:`dart.stack.episodes`) follow :class:`dart.env.episode.Episode`.
+Episodes (:mod:`dart.recipe.episodes`) follow :class:`dart.env.episode.Episode`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from dart.agent.model import Policy, load_policy, save_policy
 from dart.agent.prompt import blob_image_loader
 from dart.blobs import BlobStore, LocalBlobStore
 from dart.events.manifest import Sample
-from dart.stack.episodes import Trajectory, evaluate, evaluate_async, rollout_groups
-from dart.stack.recipe import Recipe, make_tasks
-from dart.stack.warmstart import Log, manifest_of, oracle_samples, warm_start
+from dart.recipe.config import Recipe, make_tasks
+from dart.recipe.episodes import Trajectory, evaluate, evaluate_async, rollout_groups
+from dart.recipe.warmstart import Log, manifest_of, oracle_samples, warm_start
 
 
 def mixed_groups(trajectories: Sequence[Trajectory]) -> list[Trajectory]:

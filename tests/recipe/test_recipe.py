@@ -15,11 +15,11 @@ from dart.agent.uitars import parse_actions
 from dart.env.synthetic import generate_tasks, oracle_plan, screen_of
 from dart.errors import ConfigError
 from dart.events import Sampling
+from dart.recipe.config import Recipe, make_tasks
+from dart.recipe.episodes import Trajectory, eval_schedule, run_episode, sampling_seed
+from dart.recipe.learn import injected_samples, mixed_groups, run_recipe
+from dart.recipe.warmstart import demo_tasks, oracle_text, template_of
 from dart.rollout.engine import GenerateRequest, Generation
-from dart.stack.episodes import Trajectory, eval_schedule, run_episode, sampling_seed
-from dart.stack.learn import injected_samples, mixed_groups, run_recipe
-from dart.stack.recipe import Recipe, make_tasks
-from dart.stack.warmstart import demo_tasks, oracle_text, template_of
 
 TINY = generate_tasks(6, preset="tiny", seed=0)
 CLICK_TASK = next(t for t in TINY if len(oracle_plan(t)) == 1)
@@ -108,7 +108,7 @@ def test_shuffled_chunks_are_full_fresh_shuffles_every_pass() -> None:
     import itertools
     import random
 
-    from dart.stack.warmstart import shuffled_chunks
+    from dart.recipe.warmstart import shuffled_chunks
 
     chunks = list(itertools.islice(shuffled_chunks(list(range(10)), 4, random.Random(0)), 6))
     assert all(len(c) == 4 for c in chunks)  # 10 items: two chunks a pass, the short third left out
@@ -120,7 +120,7 @@ def test_shuffled_chunks_are_full_fresh_shuffles_every_pass() -> None:
 
 def test_sft_stops_at_the_first_check_that_reaches_its_target(tmp_path: Path, monkeypatch) -> None:
     """The check is a seam: scripted success rates stand in for greedy episodes of the policy."""
-    import dart.stack.warmstart as warmstart
+    import dart.recipe.warmstart as warmstart
     from dart.blobs import LocalBlobStore
 
     scripted, calls = iter([0.2, 0.6, 0.9]), []
@@ -146,7 +146,7 @@ def test_sft_stops_at_the_first_check_that_reaches_its_target(tmp_path: Path, mo
 def test_sft_checks_closer_once_success_leaves_zero(tmp_path: Path, monkeypatch) -> None:
     """Coarse checks every 6 steps while success is 0, every 2 once a check scored above zero
     (and still every 2 after a later check at zero)."""
-    import dart.stack.warmstart as warmstart
+    import dart.recipe.warmstart as warmstart
     from dart.blobs import LocalBlobStore
 
     scripted = iter([0.0, 0.0, 0.1, 0.0, 0.2, 0.4])
@@ -171,7 +171,7 @@ def test_sft_that_misses_its_target_keeps_the_best_checks_weights(tmp_path: Path
     """Checks at steps 3, 6, 9 score 0.2, 0.4, 0.0 (target 0.9): the warm start is step 6's model."""
     import torch
 
-    import dart.stack.warmstart as warmstart
+    import dart.recipe.warmstart as warmstart
     from dart.agent.model import load_policy
     from dart.blobs import LocalBlobStore
 
@@ -297,7 +297,7 @@ def test_recipe_refuses_a_negative_eval_every() -> None:
 
 def test_evaluation_outcomes_give_success_per_instruction(tmp_path: Path) -> None:
     from dart.blobs import LocalBlobStore
-    from dart.stack.episodes import evaluate_async, success_by_instruction
+    from dart.recipe.episodes import evaluate_async, success_by_instruction
 
     clicks = [t for t in generate_tasks(60, preset="tiny", seed=0) if len(oracle_plan(t)) == 1]
     a = clicks[0]
@@ -316,7 +316,7 @@ def test_evaluation_outcomes_give_success_per_instruction(tmp_path: Path) -> Non
 
 
 def test_success_by_instruction_counts_distinct_tasks_and_orders_by_them() -> None:
-    from dart.stack.episodes import success_by_instruction
+    from dart.recipe.episodes import success_by_instruction
 
     red = [{"id": f"r{i}", "instruction": "Click the red button."} for i in range(3)]
     blue = [{"id": f"b{i}", "instruction": "Click the blue button."} for i in range(2)]
