@@ -37,9 +37,9 @@ from dart.env.backend import EnvBackend
 from dart.env.backends import backends_for
 from dart.env.catalogue import TaskCatalogue
 from dart.env.config import EnvWorkerConfig
-from dart.env.episode import Episode, rollout_id_of
+from dart.env.episode import Episode, RolloutServiceActor, rollout_id_of
 from dart.env.slots import SlotClock, next_attempt, trajectory_status
-from dart.env.tasks import load_tasks
+from dart.env.tasks import Task, load_tasks
 from dart.errors import BusError
 from dart.events import (
     RewardAssigned,
@@ -176,27 +176,29 @@ class EnvWorker:
             log.warning("%s slot %d: unhealthy before %s (%s); recycling", self.worker_id, slot, req.request_id,
                         health.detail)
             backend = await self._recycle(slot)
-        ep = Episode(req=req, task=task, backend=backend, slot=slot, worker_id=self.worker_id,
-                     run_id=self.cfg.run_id, reply_timeout_s=self.cfg.reply_timeout_s)
+        ep = Episode(task=task, instruction=task.instruction, backend=backend, max_steps=req.max_steps)
+        actor = RolloutServiceActor(req=req, slot=slot, worker_id=self.worker_id, run_id=self.cfg.run_id,
+                                    producer=self.producer, inbox=self.inbox, reply_timeout_s=self.cfg.reply_timeout_s)
         try:
-            await ep.run(producer=self.producer, inbox=self.inbox, store=self.store)
+            await ep.run(actor, store=self.store)
         except (asyncio.CancelledError, BusError):
             raise  # not the environment's fault: stop, and let the request be redone
         except Exception as exc:
-            log.warning("%s slot %d: %s failed: %s: %s", self.worker_id, slot, ep.rollout_id, type(exc).__name__, exc)
+            log.warning("%s slot %d: %s failed: %s: %s", self.worker_id, slot, actor.rollout_id, type(exc).__name__,
+                        exc)
             await self._infra_error(slot, req, ep, f"{type(exc).__name__}: {exc}", recycle=True)
             return
-        await self._finished(ep)
+        await self._finished(req, slot, task, ep)
         await self.backends.finished(backend)
 
-    async def _finished(self, ep: Episode) -> None:
+    async def _finished(self, req: RolloutRequested, slot: int, task: Task, ep: Episode) -> None:
         assert ep.score is not None
         status = trajectory_status(reward=ep.score, ran_out=ep.ran_out, success_threshold=self.cfg.success_threshold)
         self.counts["steps"] += ep.num_steps
-        await self._send(self._trajectory(ep.req, ep.slot, status, ep))
+        await self._send(self._trajectory(req, slot, status, ep))
         await self._send(RewardAssigned.new(
-            run_id=self.cfg.run_id, producer=self.worker_id, rollout_id=ep.rollout_id, task_id=ep.req.task_id,
-            group_id=ep.req.group_id, reward=float(ep.score), evaluator="+".join(ep.task.evaluator.funcs),
+            run_id=self.cfg.run_id, producer=self.worker_id, rollout_id=rollout_id_of(req), task_id=req.task_id,
+            group_id=req.group_id, reward=float(ep.score), evaluator="+".join(task.evaluator.funcs),
             evaluator_version=EVALUATOR_VERSION,
             details=json.dumps({**ep.details, "invalid_steps": ep.invalid_steps}, default=str),
         ))

@@ -11,10 +11,10 @@ preparation, loss and update, and ``dart train --sft`` — wired in-process with
     evaluate(warm, eval tasks)                               # held-out success, >= 200 episodes
     for each update:                                         # step-wise GRPO
         trajectories = rollout_groups(engine, G rollouts of N train tasks)
-        apply_update(engine, samples of groups with mixed rewards, loss)
+        apply_update(engine, batch_of(trajectories), loss)    # the data manager's curation and batch
     evaluate(final, eval tasks)
 
-Episodes (:mod:`dart.recipe.episodes`) follow :class:`dart.env.episode.Episode`.
+Episodes (:mod:`dart.recipe.episodes`) run the env worker's episode loop.
 """
 
 from __future__ import annotations
@@ -23,53 +23,76 @@ import asyncio
 import copy
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from dart.agent.model import Policy, load_policy, save_policy
 from dart.agent.prompt import blob_image_loader
 from dart.blobs import BlobStore, LocalBlobStore
-from dart.events.manifest import Sample
-from dart.recipe.config import Recipe, make_tasks
+from dart.data.batcher import BatchPlan, StepRecord, build_manifest
+from dart.data.curation import GroupVerdict, Outcome, judge_group
+from dart.events.manifest import BatchManifest
+from dart.recipe.config import Recipe, curation_config, make_tasks
 from dart.recipe.episodes import Trajectory, evaluate, evaluate_async, rollout_groups
-from dart.recipe.warmstart import Log, manifest_of, oracle_samples, warm_start
+from dart.recipe.warmstart import Log, oracle_samples, warm_start
 
 
-def mixed_groups(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
-    """The trajectories of groups whose rewards are not all equal (the others have A = 0)."""
-    rewards: dict[str, set[float]] = {}
+def outcome_of(t: Trajectory, index: int, *, update: int) -> Outcome:
+    """A trajectory of update ``update`` as curation sees it (the data manager's row of it)."""
+    return Outcome(rollout_id=t.rollout_id, task_id=t.task_id, group_id=t.group_id,
+                   status="success" if t.reward >= 1.0 else "fail", reward=t.reward, num_steps=len(t.steps),
+                   min_version=update, max_version=update, rollout_index=index)
+
+
+def oracle_experience(task: dict[str, Any], group_id: str, policy: Policy, store: BlobStore, recipe: Recipe, *,
+                      update: int) -> tuple[Outcome, list[StepRecord]]:
+    """The task's oracle solution as an experience-pool entry for group ``group_id`` (reward 1)."""
+    rollout_id = f"oracle:{group_id}"
+    steps = [StepRecord(rollout_id=rollout_id, step_index=s.step_index, context=s.context, prompt_hash=s.prompt_hash,
+                        response_token_ids=s.response_token_ids, logprobs=s.rollout_logprobs, entropies=s.entropies,
+                        mean_entropy=0.0, policy_version=update)
+             for s in oracle_samples([task], policy, store, recipe)]
+    outcome = Outcome(rollout_id=rollout_id, task_id=task["id"], group_id=group_id, status="success", reward=1.0,
+                      num_steps=len(steps), min_version=update, max_version=update, origin="oracle")
+    return outcome, steps
+
+
+def batch_of(trajectories: Sequence[Trajectory], *, update: int, recipe: Recipe, policy: Policy | None = None,
+             store: BlobStore | None = None, tasks: dict[str, dict[str, Any]] | None = None) -> BatchManifest:
+    """The update's batch, built as the data manager builds one (:func:`dart.data.curation.judge_group`,
+    :func:`dart.data.batcher.build_manifest`) with the curation settings ``dart up`` gives it
+    (:func:`~dart.recipe.config.curation_config`): a group is kept when it holds a success and a
+    failure (``drop_uniform_groups``; off: every group is kept); with ``inject_experience`` an
+    all-fail group gets its task's oracle solution in place of one failure (``policy``, ``store``
+    and ``tasks`` build it)."""
+    cur = curation_config(recipe)
+    groups: dict[str, list[Trajectory]] = {}
     for t in trajectories:
-        rewards.setdefault(t.group_id, set()).add(t.reward)
-    return [t for t in trajectories if len(rewards[t.group_id]) > 1]
-
-
-def trajectory_samples(trajectories: Sequence[Trajectory], *, policy_version: int) -> list[Sample]:
-    """Step-wise samples (every step carries its trajectory's reward), as the data manager batches them."""
-    return [
-        Sample(rollout_id=t.rollout_id, step_index=i, task_id=t.task_id, group_id=t.group_id,
-               context=s.context, prompt_hash=s.prompt_hash, response_token_ids=s.token_ids,
-               rollout_logprobs=s.logprobs, entropies=s.entropies, policy_version=policy_version,
-               reward=t.reward)
-        for t in trajectories for i, s in enumerate(t.steps) if s.token_ids
-    ]
-
-
-def injected_samples(trajectories: Sequence[Trajectory], tasks: dict[str, dict[str, Any]], policy: Policy,
-                     store: BlobStore, recipe: Recipe, *, update: int) -> list[Sample]:
-    """The oracle solution of every all-fail group's task, joined to that group (reward 1, ``sft``)."""
-    rewards: dict[str, set[float]] = {}
-    task_of: dict[str, str] = {}
-    for t in trajectories:
-        rewards.setdefault(t.group_id, set()).add(t.reward)
-        task_of[t.group_id] = t.task_id
-    out: list[Sample] = []
-    for group_id, seen in sorted(rewards.items()):
-        if max(seen) < 1.0:
-            for s in oracle_samples([tasks[task_of[group_id]]], policy, store, recipe):
-                out.append(replace(s, group_id=group_id, rollout_id=f"oracle:{group_id}", policy_version=update))
-    return out
+        groups.setdefault(t.group_id, []).append(t)
+    steps = {t.rollout_id: [s for s in t.steps if s.response_token_ids] for t in trajectories}
+    kept: list[GroupVerdict] = []
+    dropped: Counter[str] = Counter()
+    for group_id, members in groups.items():
+        task_id = members[0].task_id
+        outcomes = [outcome_of(t, i, update=update) for i, t in enumerate(members)]
+        if not recipe.drop_uniform_groups:
+            kept.append(GroupVerdict(group_id, task_id, tuple(outcomes)))
+            continue
+        pool: list[Outcome] = []
+        if cur.inject_experience and tasks is not None and all(o.reward < 1.0 for o in outcomes):
+            assert policy is not None and store is not None, "injecting experience needs the policy and the store"
+            oracle, oracle_steps = oracle_experience(tasks[task_id], group_id, policy, store, recipe, update=update)
+            pool.append(oracle)
+            steps[oracle.rollout_id] = oracle_steps
+        verdict = judge_group(group_id, task_id, outcomes, pool=pool, current_version=update, cfg=cur)
+        if verdict.is_kept:
+            kept.append(verdict)
+        else:
+            dropped[verdict.reason] += 1
+    return build_manifest(BatchPlan(tuple(kept), dict(dropped)), steps, run_id="recipe", seq=update, cur=cur)
 
 
 def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Trajectory], *, store: BlobStore,
@@ -78,13 +101,10 @@ def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Traj
     from dart.train.batch import micro_batches, prepare_samples, step_mask
     from dart.train.update import apply_update
 
-    chosen = mixed_groups(trajectories) if recipe.drop_uniform_groups else list(trajectories)
-    samples = trajectory_samples(chosen, policy_version=update)
-    if recipe.inject_experience and tasks is not None:
-        samples += injected_samples(trajectories, tasks, policy, store, recipe, update=update)
-    if not samples:
+    manifest = batch_of(trajectories, update=update, recipe=recipe, policy=policy, store=store, tasks=tasks)
+    if not manifest.samples:
         return {"samples": 0.0}
-    kept, dropped = prepare_samples(manifest_of(samples, update), tokenizer=policy.tokenizer,
+    kept, dropped = prepare_samples(manifest, tokenizer=policy.tokenizer,
                                     image_processor=policy.image_processor, load_image=blob_image_loader(store),
                                     prompt_cfg=recipe.prompt, check_hash=True,
                                     step_weight=recipe.loss.step_weight)

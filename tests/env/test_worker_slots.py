@@ -9,7 +9,7 @@ import pytest
 
 from dart.agent.actions import CallUser, Click, Finished, to_wire
 from dart.blobs import LocalBlobStore
-from dart.env.episode import Episode, ReplyTimeout, rollout_id_of
+from dart.env.episode import Episode, ReplyTimeout, RolloutServiceActor, rollout_id_of
 from dart.env.slots import SlotClock, next_attempt, trajectory_status, utilization
 from dart.env.synthetic import SyntheticBackend, generate_tasks, oracle_plan
 from dart.env.tasks import Task
@@ -82,10 +82,12 @@ SAMPLING = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=8, seed=1)
 def _episode(task_dict, inbox, tmp_path, max_steps=5):
     req = RolloutRequested.new(run_id="r", producer="p", request_id="req", task_id=task_dict["id"], group_id="g",
                                rollout_index=0, group_size=1, max_steps=max_steps, attempt=2, sampling=SAMPLING)
-    ep = Episode(req=req, task=Task.from_dict(task_dict, domain="synthetic"), backend=SyntheticBackend(), slot=0,
-                 worker_id="w", run_id="r", reply_timeout_s=0.2)
+    task = Task.from_dict(task_dict, domain="synthetic")
+    ep = Episode(task=task, instruction=task.instruction, backend=SyntheticBackend(), max_steps=max_steps)
     producer = RecordingProducer()
-    return ep, producer, {"producer": producer, "inbox": inbox, "store": LocalBlobStore(tmp_path / "b")}
+    actor = RolloutServiceActor(req=req, slot=0, worker_id="w", run_id="r", producer=producer, inbox=inbox,
+                                reply_timeout_s=0.2)
+    return ep, producer, {"actor": actor, "store": LocalBlobStore(tmp_path / "b")}
 
 
 def _check_then_ok():
@@ -98,7 +100,8 @@ async def test_episode_runs_several_actions_of_one_answer_in_order(tmp_path):
     ep, producer, io = _episode(task, ScriptedInbox([both]), tmp_path)
     await ep.run(**io)
     assert (ep.num_steps, ep.finish_reason, ep.score) == (1, "env_done", 1.0)
-    assert ep.rollout_id == rollout_id_of(ep.req) == "req.2"
+    assert io["actor"].rollout_id == rollout_id_of(io["actor"].req) == "req.2"
+    assert {e.rollout_id for e in producer.sent} == {"req.2"}
     assert [e.step_index for e in producer.sent] == [0]
 
 
