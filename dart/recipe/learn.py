@@ -68,7 +68,7 @@ def batch_of(trajectories: Sequence[Trajectory], *, update: int, recipe: Recipe,
     failure (``drop_uniform_groups``; off: every group is kept); with ``inject_experience`` an
     all-fail group gets its task's oracle solution in place of one failure (``policy``, ``store``
     and ``tasks`` build it)."""
-    cur = curation_config(recipe)
+    curation = curation_config(recipe)
     groups: dict[str, list[Trajectory]] = {}
     for t in trajectories:
         groups.setdefault(t.group_id, []).append(t)
@@ -82,17 +82,17 @@ def batch_of(trajectories: Sequence[Trajectory], *, update: int, recipe: Recipe,
             kept.append(GroupVerdict(group_id, task_id, tuple(outcomes)))
             continue
         pool: list[Outcome] = []
-        if cur.inject_experience and tasks is not None and all(o.reward < 1.0 for o in outcomes):
+        if curation.inject_experience and tasks is not None and all(o.reward < 1.0 for o in outcomes):
             assert policy is not None and store is not None, "injecting experience needs the policy and the store"
             oracle, oracle_steps = oracle_experience(tasks[task_id], group_id, policy, store, recipe, update=update)
             pool.append(oracle)
             steps[oracle.rollout_id] = oracle_steps
-        verdict = judge_group(group_id, task_id, outcomes, pool=pool, current_version=update, cfg=cur)
+        verdict = judge_group(group_id, task_id, outcomes, pool=pool, current_version=update, cfg=curation)
         if verdict.is_kept:
             kept.append(verdict)
         else:
             dropped[verdict.reason] += 1
-    return build_manifest(BatchPlan(tuple(kept), dict(dropped)), steps, run_id="recipe", seq=update, cur=cur)
+    return build_manifest(BatchPlan(tuple(kept), dict(dropped)), steps, run_id="recipe", seq=update, curation=curation)
 
 
 def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Trajectory], *, store: BlobStore,
@@ -134,7 +134,6 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: P
     """
     import torch
 
-    from dart.rollout.hf_engine import HFEngine, HFEngineConfig
     from dart.train.config import EngineConfig, OptimConfig
     from dart.train.engine import ReferencePolicy, TorchEngine
 
@@ -162,37 +161,7 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: P
                          EngineConfig(device="cpu", threads=recipe.threads))
     ref = (ReferencePolicy(copy.deepcopy(policy.model), engine.device, engine.dtype)
            if recipe.loss.kl_coef > 0 else None)
-    rng = random.Random(recipe.seed)
-    by_id = {t["id"]: t for t in train}
-    out["train_success"], out["updates"], out["held_out_curve"] = [], [], []
-
-    async def rl_loop() -> None:
-        gen = HFEngine(policy, HFEngineConfig(max_batch_size=recipe.engine_batch))
-        try:
-            for u in range(recipe.updates):
-                tu = time.perf_counter()
-                policy.model.eval()
-                trajectories = await rollout_groups(gen, rng.sample(train, recipe.tasks_per_update), store=store,
-                                                    recipe=recipe, update=u)
-                success = sum(t.reward >= 1.0 for t in trajectories) / len(trajectories)
-                out["train_success"].append(success)
-                tr = elapsed(tu)
-                stats = rl_update(engine, ref, policy, trajectories, store=store, recipe=recipe, update=u,
-                                  tasks=by_id)
-                out["updates"].append({**stats, "rollout_success": success, "rollouts_s": tr, "update_s": elapsed(tu)})
-                log(f"update {u + 1}/{recipe.updates}: rollout success {success:.3f}, "
-                    f"{int(stats['samples'])} samples, loss {stats.get('loss', 0.0):+.4f}, "
-                    f"grad {stats.get('grad_norm', 0.0):.3f}, rollouts {tr} s, total {elapsed(tu)} s")
-                if recipe.eval_every and (u + 1) % recipe.eval_every == 0:
-                    policy.model.eval()
-                    rate = await evaluate_async(gen, held_out, recipe.eval_episodes, store=store, recipe=recipe,
-                                                phase=2)
-                    out["held_out_curve"].append((u + 1, rate))
-                    log(f"update {u + 1}/{recipe.updates}: held-out success {rate:.3f}")
-        finally:
-            await gen.close()
-
-    asyncio.run(rl_loop())
+    out.update(asyncio.run(rl_phase(policy, engine, ref, train, held_out, store=store, recipe=recipe, log=log)))
     out["rl_s"] = elapsed(t0)
     save_policy(policy, workdir / "final", state=engine.full_state_dict())
     t0 = time.perf_counter()
@@ -203,6 +172,40 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: P
     log(f"RL: held-out success {out['rl_success']:.3f} over {recipe.eval_episodes} episodes "
         f"(warm start {out['warm_success']:.3f}, delta {out['delta']:+.3f}; rl {out['rl_s']} s, "
         f"eval {out['eval_rl_s']} s, total {out['total_s']} s)")
+    return out
+
+
+async def rl_phase(policy: Policy, engine: Any, ref: Any, train: list[dict[str, Any]], held_out: list[dict[str, Any]],
+                   *, store: BlobStore, recipe: Recipe, log: Log) -> dict[str, Any]:
+    """``recipe.updates`` GRPO updates, each on fresh rollouts of ``tasks_per_update`` training
+    tasks by the policy being trained; returns train_success, updates and held_out_curve."""
+    from dart.rollout.hf_engine import HFEngine, HFEngineConfig
+
+    rng = random.Random(recipe.seed)
+    by_id = {t["id"]: t for t in train}
+    out: dict[str, Any] = {"train_success": [], "updates": [], "held_out_curve": []}
+    gen = HFEngine(policy, HFEngineConfig(max_batch_size=recipe.engine_batch))
+    try:
+        for u in range(recipe.updates):
+            tu = time.perf_counter()
+            policy.model.eval()
+            trajectories = await rollout_groups(gen, rng.sample(train, recipe.tasks_per_update), store=store,
+                                                recipe=recipe, update=u)
+            success = sum(t.reward >= 1.0 for t in trajectories) / len(trajectories)
+            out["train_success"].append(success)
+            tr = elapsed(tu)
+            stats = rl_update(engine, ref, policy, trajectories, store=store, recipe=recipe, update=u, tasks=by_id)
+            out["updates"].append({**stats, "rollout_success": success, "rollouts_s": tr, "update_s": elapsed(tu)})
+            log(f"update {u + 1}/{recipe.updates}: rollout success {success:.3f}, "
+                f"{int(stats['samples'])} samples, loss {stats.get('loss', 0.0):+.4f}, "
+                f"grad {stats.get('grad_norm', 0.0):.3f}, rollouts {tr} s, total {elapsed(tu)} s")
+            if recipe.eval_every and (u + 1) % recipe.eval_every == 0:
+                policy.model.eval()
+                rate = await evaluate_async(gen, held_out, recipe.eval_episodes, store=store, recipe=recipe, phase=2)
+                out["held_out_curve"].append((u + 1, rate))
+                log(f"update {u + 1}/{recipe.updates}: held-out success {rate:.3f}")
+    finally:
+        await gen.close()
     return out
 
 

@@ -137,6 +137,8 @@ class RolloutWorker:
             engine, store, worker_id=self.worker_id, run_id=cfg.run_id, send=self._announce
         )
         self._started = time.monotonic()
+        self.consumers: list[Consumer] = []
+        """The consumers of :meth:`run` (observations; weights), once it started them."""
 
     async def _announce(self, event: Event) -> None:
         await self.producer.send(event, topic=self.bus.topics.heartbeats, key=self.worker_id.encode())
@@ -298,7 +300,7 @@ class RolloutWorker:
     async def ready(self, timeout_s: float = 30.0) -> None:
         """Wait until every consumer of :meth:`run` has its partitions (for tests and demos)."""
         deadline = time.monotonic() + timeout_s
-        while not getattr(self, "consumers", None):
+        while not self.consumers:
             if time.monotonic() > deadline:
                 raise TimeoutError("rollout worker did not start its consumers")
             await asyncio.sleep(0.05)
