@@ -28,7 +28,11 @@ from dart.events.manifest import BatchManifest, PromptContext, Sample
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One step of one trajectory as the projection holds it (observation + action)."""
+    """One step of one trajectory as the projection holds it (observation + action).
+
+    Why a shape of its own: it is a step before curation, which alone knows its group, reward and
+    origin; :func:`build_manifest` adds those to make the manifest's :class:`Sample`. The
+    one-process recipe's episodes produce these too (the same batch builder takes them)."""
 
     rollout_id: str
     step_index: int
