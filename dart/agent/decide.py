@@ -108,18 +108,10 @@ def wire_actions(text: str, *, screen: tuple[int, int], convention: Convention,
 
 
 async def decide(ctx: PromptContext, engine: Generator, *, load_image: Callable[[str], Any], prompt: PromptConfig,
-                 convention: Convention, sampling: Sampling, request_id: str = "",
-                 prompt_in_thread: bool = True) -> Decision:
-    """One policy step for ``ctx``. Raises what reading a screenshot or the engine raises.
-
-    ``prompt_in_thread``: build the prompt (screenshots read and decoded) on a worker thread, so
-    that a service's event loop keeps serving meanwhile; off, it is built inline (see
-    :class:`EngineActor`)."""
+                 convention: Convention, sampling: Sampling, request_id: str = "") -> Decision:
+    """One policy step for ``ctx``. Raises what reading a screenshot or the engine raises."""
     started = time.perf_counter()
-    if prompt_in_thread:
-        messages, images = await asyncio.to_thread(build_messages, ctx, load_image, prompt)
-    else:
-        messages, images = build_messages(ctx, load_image, prompt)
+    messages, images = await asyncio.to_thread(build_messages, ctx, load_image, prompt)
     built = time.perf_counter()
     gen = await engine.generate(GenerateRequest(messages=messages, images=images, sampling=sampling,
                                                 request_id=request_id))
@@ -135,12 +127,7 @@ async def decide(ctx: PromptContext, engine: Generator, *, load_image: Callable[
 class EngineActor:
     """An episode's actor in this process: every turn is one :func:`decide` on ``engine``, with
     ``sampling(step_index)``; :attr:`turns` keeps each turn's context and decision (what the
-    one-process learner trains on).
-
-    Prompts are built inline: the recipe runs its episodes side by side on one event loop, and
-    an engine that batches what is queued when it is free (``hf``) then gets every episode's
-    prompt of a turn in one batch; built on threads, they arrive one by one and the batches
-    shrink (held-out evaluation of 100 episodes took ~40x longer)."""
+    one-process learner trains on)."""
 
     def __init__(self, engine: Generator, *, load_image: Callable[[str], Any], prompt: PromptConfig,
                  convention: Convention, sampling: Callable[[int], Sampling]) -> None:
@@ -153,7 +140,6 @@ class EngineActor:
 
     async def act(self, ctx: PromptContext) -> Decision:
         decision = await decide(ctx, self.engine, load_image=self.load_image, prompt=self.prompt,
-                                convention=self.convention, sampling=self.sampling(ctx.step_index),
-                                prompt_in_thread=False)
+                                convention=self.convention, sampling=self.sampling(ctx.step_index))
         self.turns.append((ctx, decision))
         return decision

@@ -83,10 +83,6 @@ class Episode:
     eval_s: float = 0.0
     score: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
-    store_in_thread: bool = True
-    """Put screenshots into the blob store from a worker thread (the env worker: its event loop
-    serves every slot); False puts them inline (the one-process recipe: its episodes then reach
-    the engine together, see :class:`dart.agent.decide.EngineActor`)."""
 
     @property
     def ran_out(self) -> bool:
@@ -109,8 +105,7 @@ class Episode:
         self.eval_s = time.monotonic() - t
 
     async def _ask(self, actor: Actor, obs: Observation, store: BlobStore) -> Answer:
-        digest = (await asyncio.to_thread(store.put, obs.screenshot_png) if self.store_in_thread
-                  else store.put(obs.screenshot_png))
+        digest = await asyncio.to_thread(store.put, obs.screenshot_png)
         ctx = PromptContext(instruction=self.instruction, step_index=self.num_steps, screenshot_digest=digest,
                             screen_width=obs.width, screen_height=obs.height, history=list(self.history))
         t = time.monotonic()

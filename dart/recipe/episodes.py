@@ -59,8 +59,7 @@ async def run_episode(engine: Generator, task: dict[str, Any], *, store: BlobSto
     actor = EngineActor(engine, load_image=blob_image_loader(store), prompt=recipe.prompt,
                         convention=recipe.convention, sampling=sampling)
     backend = SyntheticBackend()
-    episode = Episode(task=task, instruction=task["instruction"], backend=backend, max_steps=recipe.max_steps,
-                      store_in_thread=False)
+    episode = Episode(task=task, instruction=task["instruction"], backend=backend, max_steps=recipe.max_steps)
     try:
         await episode.run(actor, store=store)
     finally:
