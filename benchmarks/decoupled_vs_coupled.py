@@ -119,8 +119,8 @@ def warm_model(root: Path) -> Path:
     part of the tasks, so groups are mixed. A random-init model's answers parse as no action, so
     no env step would ever run."""
     from dart.blobs import LocalBlobStore
-    from dart.stack.recipe import Recipe, make_tasks
-    from dart.stack.warmstart import warm_start
+    from dart.recipe.config import Recipe, make_tasks
+    from dart.recipe.warmstart import warm_start
 
     recipe = Recipe(train_tasks=SFT_DEMOS, eval_tasks=2, sft_demos=SFT_DEMOS, sft_steps=SFT_STEPS, sft_target_success=None)
     train, _ = make_tasks(recipe)

@@ -28,8 +28,7 @@ from types import SimpleNamespace
 
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
-from dart.data import avroload
-from dart.data import projection as q
+from dart.data import avroload, projection
 from dart.data.config import BatcherConfig, DataConfig, HttpConfig, ProjectionConfig, SchedulerConfig
 from dart.data.decide import LATE_MS, Horizon, SlowStats, batch_inputs, schedule_inputs
 from dart.data.manager import DataManager
@@ -174,7 +173,7 @@ def sql_rate(store: Store, events: list[Event], batch: int = 5000) -> float:
     t0 = time.perf_counter()
     for records in by_type.values():
         for i in range(0, len(records), batch):
-            avroload.project_records(store, records[i:i + batch], q.write_events)
+            avroload.project_records(store, records[i:i + batch], projection.write_events)
     return len(events) / (time.perf_counter() - t0)
 
 
@@ -256,7 +255,7 @@ def query_latencies(store: Store, steps: int) -> list[tuple[str, float]]:
     cfg = DataConfig()
     now = int(time.time() * 1000)
     batch = [f"r{i}" for i in range(48)]
-    oldest = q.current_version(store) - cfg.curation.window_versions
+    oldest = projection.current_version(store) - cfg.curation.window_versions
     first, _ = schedule_inputs(store, cfg, now_ms=now, pending_requests=set())
     since = first.open_since_ms
 
@@ -285,18 +284,18 @@ def query_latencies(store: Store, steps: int) -> list[tuple[str, float]]:
         schedule_inputs(store, cfg, now_ms=now, pending_requests=set(), horizon=restored)
 
     return [
-        ("success-rate window (recent_outcomes)", timed(lambda: q.recent_outcomes(
+        ("success-rate window (recent_outcomes)", timed(lambda: projection.recent_outcomes(
             store, mode="train", oldest_version=oldest, window=32))),
-        ("success lengths, whole run (first pass)", timed(lambda: q.success_lengths(store, threshold=0.5))),
-        ("success lengths, new rows (later passes)", timed(lambda: q.success_lengths(
+        ("success lengths, whole run (first pass)", timed(lambda: projection.success_lengths(store, threshold=0.5))),
+        ("success lengths, new rows (later passes)", timed(lambda: projection.success_lengths(
             store, threshold=0.5, since_ms=now - LATE_MS))),
-        ("experience pool", timed(lambda: q.experience_pool(store, threshold=0.5))),
-        ("open groups, whole run (first pass)", timed(lambda: q.open_groups(store, mode="train"))),
-        ("open groups, from the horizon", timed(lambda: q.open_groups(store, mode="train", since_ms=since))),
-        ("in flight", timed(lambda: q.in_flight(store, mode="train", since_ms=max(since, now - 1_800_000)))),
-        ("used rollouts, whole run", timed(lambda: q.used_rollouts(store))),
-        ("used rollouts, from the horizon", timed(lambda: q.used_rollouts(store, since))),
-        ("steps of a 48-rollout batch (960 steps)", timed(lambda: q.steps_of(store, batch))),
+        ("experience pool", timed(lambda: projection.experience_pool(store, threshold=0.5))),
+        ("open groups, whole run (first pass)", timed(lambda: projection.open_groups(store, mode="train"))),
+        ("open groups, from the horizon", timed(lambda: projection.open_groups(store, mode="train", since_ms=since))),
+        ("in flight", timed(lambda: projection.in_flight(store, mode="train", since_ms=max(since, now - 1_800_000)))),
+        ("used rollouts, whole run", timed(lambda: projection.used_rollouts(store))),
+        ("used rollouts, from the horizon", timed(lambda: projection.used_rollouts(store, since))),
+        ("steps of a 48-rollout batch (960 steps)", timed(lambda: projection.steps_of(store, batch))),
         ("scheduler pass, first after a start", timed(lambda: schedule_inputs(
             store, cfg, now_ms=now, pending_requests=set()))),
         ("scheduler pass, later (from the horizon)", timed(steady_pass)),
@@ -363,8 +362,8 @@ async def main() -> None:
         raw = raw_rate(raw_store, events)
         checks, diffs = compare(store.query, store.database, py_store.query, py_store.database, TABLES)
         assert all(c.equal for c in checks), format_checks(checks, diffs)
-        counts = q.table_counts(store, ["actions", "observations", "trajectories"])
-        assert counts == q.table_counts(raw_store, ["actions", "observations", "trajectories"]), counts
+        counts = projection.table_counts(store, ["actions", "observations", "trajectories"])
+        assert counts == projection.table_counts(raw_store, ["actions", "observations", "trajectories"]), counts
         print(f"projection of {len(events)} events ({counts['actions']} steps), chdb {store.client.server_version}")
         print(f"  through the consumer : {rate:10.0f} events/s  ({ch.inserts} inserts, commit after each; "
               f"ClickHouse decoded {ch.by_clickhouse / len(events):.0%} of the records)")

@@ -1,8 +1,8 @@
 """Learnability: does RL beat its own SFT warm start on held-out synthetic tasks?
 
-Runs :func:`dart.stack.learn.run_recipe` (tiny Qwen2.5-VL -> partial SFT on oracle
+Runs :func:`dart.recipe.learn.run_recipe` (tiny Qwen2.5-VL -> partial SFT on oracle
 demonstrations -> held-out eval -> step-wise GRPO -> held-out eval) in one process with the
-default :class:`~dart.stack.recipe.Recipe`, and prints warm-start success, RL success, their
+default :class:`~dart.recipe.config.Recipe`, and prints warm-start success, RL success, their
 difference, the episode count and the wall time of each phase.
 
     .venv/bin/python benchmarks/learnability.py [--workdir DIR] [--quick] [--set key=value ...]
@@ -93,8 +93,8 @@ import tempfile
 from dataclasses import fields, replace
 from pathlib import Path
 
-from dart.stack.learn import run_recipe
-from dart.stack.recipe import Recipe
+from dart.recipe.config import Recipe
+from dart.recipe.learn import run_recipe
 
 QUICK = {"train_tasks": 8, "eval_tasks": 4, "sft_demos": 8, "sft_steps": 2, "updates": 2, "tasks_per_update": 2,
          "group_size": 2, "eval_episodes": 8}

@@ -181,8 +181,8 @@ def curve(workdir: Path, cfg: StackConfig, summary: dict[str, Any], *, points: i
     from dart.agent.weights import check_state_dict, state_dict_from_bytes
     from dart.blobs import LocalBlobStore
     from dart.data.cli import sql_client
-    from dart.stack.episodes import evaluate
-    from dart.stack.recipe import make_tasks
+    from dart.recipe.config import make_tasks
+    from dart.recipe.episodes import evaluate
 
     client = sql_client(None, f"chdb://{workdir / 'chdb'}", "dart")
     try:

@@ -33,9 +33,9 @@ from dart.agent.model import load_policy  # noqa: E402
 from dart.agent.weights import check_state_dict, state_dict_from_bytes  # noqa: E402
 from dart.blobs import LocalBlobStore  # noqa: E402
 from dart.config import build  # noqa: E402
+from dart.recipe.config import make_tasks  # noqa: E402
+from dart.recipe.episodes import evaluate, success_by_instruction  # noqa: E402
 from dart.stack.config import StackConfig  # noqa: E402
-from dart.stack.episodes import evaluate, success_by_instruction  # noqa: E402
-from dart.stack.recipe import make_tasks  # noqa: E402
 
 
 def main() -> int:

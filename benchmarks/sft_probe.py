@@ -1,5 +1,5 @@
 """What a warm start learns, step by step: SFT on a preset's oracle demonstrations (the maths of
-``dart.stack.warmstart``), and every ``--every`` steps the greedy policy's first click on held-out
+``dart.recipe.warmstart``), and every ``--every`` steps the greedy policy's first click on held-out
 tasks, right or wrong per instruction word (does it read the colour?), and its held-out episode
 success. The checks of ``warm_start`` only see episode success, which on the ``chain`` preset
 hides the click: a greedy policy that misses a page clicks the same wrong button for ever.
@@ -42,12 +42,12 @@ from dart.config import build
 from dart.env.synthetic import SyntheticBackend
 from dart.events import Sampling
 from dart.events.manifest import PromptContext
+from dart.recipe.config import Recipe, make_tasks
+from dart.recipe.episodes import evaluate
+from dart.recipe.warmstart import demo_tasks, manifest_of, oracle_samples, shuffled_chunks
 from dart.rollout.engine import GenerateRequest
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig
 from dart.stack.config import StackConfig
-from dart.stack.episodes import evaluate
-from dart.stack.recipe import Recipe, make_tasks
-from dart.stack.warmstart import demo_tasks, manifest_of, oracle_samples, shuffled_chunks
 from dart.train.batch import collate, prepare_samples
 from dart.train.config import EngineConfig, OptimConfig
 from dart.train.engine import TorchEngine

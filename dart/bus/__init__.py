@@ -13,6 +13,7 @@ from dart.bus.consumer import (
 from dart.bus.producer import REPLY_TO_HEADER, Producer, RecordMeta
 from dart.bus.reply import ReplyInbox, reply_partition
 from dart.bus.topics import CATALOGUE, Topics, TopicSpec
+from dart.bus.unordered import OffsetWatermark, Taken, UnorderedConsumer
 
 __all__ = [
     "CATALOGUE",
@@ -23,11 +24,14 @@ __all__ = [
     "Consumer",
     "Delivered",
     "DevBroker",
+    "OffsetWatermark",
     "Producer",
     "RecordMeta",
     "ReplyInbox",
+    "Taken",
     "TopicSpec",
     "Topics",
+    "UnorderedConsumer",
     "broker_answers",
     "dead_letter",
     "ensure_topics",

@@ -28,7 +28,11 @@ from dart.events.manifest import BatchManifest, PromptContext, Sample
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One step of one trajectory as the projection holds it (observation + action)."""
+    """One step of one trajectory as the projection holds it (observation + action).
+
+    Why a shape of its own: it is a step before curation, which alone knows its group, reward and
+    origin; :func:`build_manifest` adds those to make the manifest's :class:`Sample`. The
+    one-process recipe's episodes produce these too (the same batch builder takes them)."""
 
     rollout_id: str
     step_index: int
@@ -71,8 +75,8 @@ def plan_batch(
     used: set[str],
     pool: Mapping[str, Sequence[Outcome]],
     current_version: int,
-    cur: CurationConfig,
-    bat: BatcherConfig,
+    curation: CurationConfig,
+    batcher: BatcherConfig,
     max_attempts: int,
     now_ms: int,
     take_all: bool = False,
@@ -87,13 +91,13 @@ def plan_batch(
     for g in sorted(groups, key=lambda g: (g.opened_ms, g.group_id)):
         if any(o.rollout_id in used for o in g.outcomes):
             continue
-        if not is_complete(g, max_attempts=max_attempts, now_ms=now_ms, timeout_s=bat.group_timeout_s):
+        if not is_complete(g, max_attempts=max_attempts, now_ms=now_ms, timeout_s=batcher.group_timeout_s):
             continue
         verdict = judge_group(g.group_id, g.task_id, g.outcomes, pool=pool.get(g.task_id, ()),
-                              current_version=current_version, cfg=cur, min_group_size=bat.min_group_size)
+                              current_version=current_version, cfg=curation, min_group_size=batcher.min_group_size)
         if verdict.is_kept:
             kept.append(verdict)
-            if len(kept) == bat.groups_per_batch:
+            if len(kept) == batcher.groups_per_batch:
                 return BatchPlan(tuple(kept), dict(dropped))
         else:
             dropped[verdict.reason] += 1
@@ -106,7 +110,7 @@ def build_manifest(
     *,
     run_id: str,
     seq: int,
-    cur: CurationConfig,
+    curation: CurationConfig,
 ) -> BatchManifest:
     """One Sample per selected step of every kept trajectory; experience steps are all kept.
 
@@ -118,7 +122,7 @@ def build_manifest(
         for v, o in plan.outcomes if o.origin == "online"
         for s in steps.get(o.rollout_id, ())
     }
-    selected = select_high_entropy(online, cur.entropy_top_fraction) if online else set()
+    selected = select_high_entropy(online, curation.entropy_top_fraction) if online else set()
     samples: list[Sample] = []
     for v, o in plan.outcomes:
         experience = o.origin != "online"
@@ -132,7 +136,7 @@ def build_manifest(
                 response_token_ids=list(s.response_token_ids), rollout_logprobs=list(s.logprobs),
                 entropies=list(s.entropies), policy_version=s.policy_version,
                 reward=float(o.reward or 0.0), origin=o.origin,
-                sft=experience and cur.experience_sft,
+                sft=experience and curation.experience_sft,
             ))
     versions = [s.policy_version for s in samples] or [0]
     rewards = [float(o.reward or 0.0) for _, o in plan.outcomes]

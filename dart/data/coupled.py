@@ -67,14 +67,14 @@ def lagging_workers(serving: Mapping[str, int], version: int) -> list[str]:
     return sorted(w for w, v in serving.items() if v < version)
 
 
-def round_requests(tasks: Sequence[TaskState], *, groups: int, cur: CurationConfig,
+def round_requests(tasks: Sequence[TaskState], *, groups: int, curation: CurationConfig,
                    rng: random.Random) -> tuple[PlannedRequest, ...]:
     """``groups`` groups, least recently scheduled task first; tasks repeat when there are fewer."""
     order = sorted(tasks, key=lambda t: (t.last_scheduled_ms, t.task_id))
     out: list[PlannedRequest] = []
     for g in range(groups):
         t = order[g % len(order)]
-        n = rollouts_for(t.success_rate, n_min=cur.n_min, n_default=cur.n_default, threshold=cur.rate_threshold)
+        n = rollouts_for(t.success_rate, n_min=curation.n_min, n_default=curation.n_default, threshold=curation.rate_threshold)
         group_id = request_uuid(rng)
         out += [PlannedRequest(t.task_id, group_id, i, n, t.max_steps, 0, request_seed(rng), t.backend,
                                request_uuid(rng)) for i in range(n)]
@@ -82,7 +82,7 @@ def round_requests(tasks: Sequence[TaskState], *, groups: int, cur: CurationConf
 
 
 def plan_round(state: RoundState, tasks: Sequence[TaskState], *, groups_per_batch: int,
-               cur: CurationConfig, rng: random.Random) -> RoundPlan:
+               curation: CurationConfig, rng: random.Random) -> RoundPlan:
     """The next move of the coupled loop (see the module docstring for the round)."""
     if state.in_flight > 0 or state.open_groups > 0:
         return RoundPlan("wait", waiting_for=f"round in flight: {state.open_groups} groups open, "
@@ -102,4 +102,4 @@ def plan_round(state: RoundState, tasks: Sequence[TaskState], *, groups_per_batc
                                              "scheduler.capacity)")
     if not tasks:
         return RoundPlan("wait", waiting_for="no tasks registered for this split")
-    return RoundPlan("request", round_requests(tasks, groups=groups_per_batch, cur=cur, rng=rng))
+    return RoundPlan("request", round_requests(tasks, groups=groups_per_batch, curation=curation, rng=rng))

@@ -10,7 +10,7 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from dart.data import projection as q
+from dart.data import projection
 from dart.data.config import DataConfig
 from dart.data.coupled import RoundState
 from dart.data.curation import (
@@ -75,7 +75,7 @@ class Horizon:
     def success_lengths(self, store: Store, *, threshold: float, now_ms: int,
                         online_only: bool = False) -> dict[str, list[int]]:
         since = None if self.lengths_read_ms is None else self.lengths_read_ms - LATE_MS
-        for task, (n,) in q.success_lengths(store, threshold=threshold, since_ms=since,
+        for task, (n,) in projection.success_lengths(store, threshold=threshold, since_ms=since,
                                             online_only=online_only).items():
             self.lengths[task] = max(n, self.lengths.get(task, 0))
         self.lengths_read_ms = now_ms
@@ -128,35 +128,35 @@ def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_reque
     ``open_since_ms``, which the caller moves (it knows the requests sent and not projected yet).
     ``slow``: success rates and lengths kept from an earlier pass (None: read them now).
     """
-    sched, cur = cfg.scheduler, cfg.curation
+    scheduler, curation = cfg.scheduler, cfg.curation
     horizon = horizon if horizon is not None else Horizon()
     slow = slow if slow is not None else SlowStats()
-    current = q.current_version(store)
+    current = projection.current_version(store)
     if slow.rates_due(now_ms, current) or horizon.lengths_read_ms is None:
         slow.rates = success_rates(
-            q.recent_outcomes(store, mode=sched.mode, oldest_version=current - cur.window_versions, window=cur.window),
-            current_version=current, cfg=cur,
+            projection.recent_outcomes(store, mode=scheduler.mode, oldest_version=current - curation.window_versions, window=curation.window),
+            current_version=current, cfg=curation,
         )
-        horizon.success_lengths(store, threshold=cur.success_threshold, now_ms=now_ms,
-                                online_only=cur.lengths_from == "online")
+        horizon.success_lengths(store, threshold=curation.success_threshold, now_ms=now_ms,
+                                online_only=curation.lengths_from == "online")
         slow.rates_ms, slow.rates_version = now_ms, current
     rates = slow.rates
     lengths = {task: [n] for task, n in horizon.lengths.items()}
     since = horizon.open_since_ms
-    groups, requested, templates = q.open_groups(store, mode=sched.mode, since_ms=since)
+    groups, requested, templates = projection.open_groups(store, mode=scheduler.mode, since_ms=since)
     timeout_s = cfg.batcher.group_timeout_s
     open_per_task: Counter[str] = Counter()
     ready = batchable = 0
     retries: list[Retry] = []
     still_open = [now_ms]     # opened_ms of groups a later pass must see again
     for g in groups:
-        if is_complete(g, max_attempts=sched.max_attempts, now_ms=now_ms, timeout_s=timeout_s):
-            verdict = judge_group(g.group_id, g.task_id, g.outcomes, current_version=current, cfg=cur,
+        if is_complete(g, max_attempts=scheduler.max_attempts, now_ms=now_ms, timeout_s=timeout_s):
+            verdict = judge_group(g.group_id, g.task_id, g.outcomes, current_version=current, cfg=curation,
                                   min_group_size=cfg.batcher.min_group_size)
             ready += verdict.is_kept
             # The batcher may also keep an all-fail group, with an experience-pool success in it
             # (this pass does not read the pool): such a group stays in view until batched or stale.
-            may_keep = verdict.is_kept or (verdict.reason == "all_fail" and cur.inject_experience)
+            may_keep = verdict.is_kept or (verdict.reason == "all_fail" and curation.inject_experience)
             batchable += may_keep
             if may_keep:
                 still_open.append(g.opened_ms)
@@ -164,22 +164,22 @@ def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_reque
         still_open.append(g.opened_ms)
         open_per_task[g.task_id] += 1
         t = templates[g.group_id]
-        due = retries_due(g, max_attempts=sched.max_attempts, requested=requested[g.group_id])
-        for index, attempt in due if sched.requeue_infra_errors else ():
+        due = retries_due(g, max_attempts=scheduler.max_attempts, requested=requested[g.group_id])
+        for index, attempt in due if scheduler.requeue_infra_errors else ():
             retries.append(Retry(g.task_id, g.group_id, index, g.group_size, t["max_steps"], attempt, t["backend"]))
-    last = q.last_scheduled(store, mode=sched.mode)
+    last = projection.last_scheduled(store, mode=scheduler.mode)
     tasks = [
-        TaskState(task_id, backend or cfg.backend, rates.get(task_id), max_steps_for(lengths.get(task_id, []), cur),
+        TaskState(task_id, backend or cfg.backend, rates.get(task_id), max_steps_for(lengths.get(task_id, []), curation),
                   open_per_task[task_id], last.get(task_id, 0))
-        for task_id, backend in q.train_tasks(store, split=sched.split)
+        for task_id, backend in projection.train_tasks(store, split=scheduler.split)
     ]
-    known = q.known_requests(store, sorted(pending_requests))
-    capacity = sched.capacity if sched.capacity is not None else live_capacity(
-        q.heartbeats(store), now_ms=now_ms, ttl_s=sched.heartbeat_ttl_s)
+    known = projection.known_requests(store, sorted(pending_requests))
+    capacity = scheduler.capacity if scheduler.capacity is not None else live_capacity(
+        projection.heartbeats(store), now_ms=now_ms, ttl_s=scheduler.heartbeat_ttl_s)
     # A request in flight belongs to a group that is not complete: requested since the horizon.
-    in_flight = q.in_flight(store, mode=sched.mode, since_ms=max(since, now_ms - int(sched.request_timeout_s * 1000)))
+    in_flight = projection.in_flight(store, mode=scheduler.mode, since_ms=max(since, now_ms - int(scheduler.request_timeout_s * 1000)))
     load = Load(capacity=capacity, in_flight=in_flight + len(pending_requests - known),
-                unconsumed_batches=q.unconsumed_batches(store), ready_groups=ready, current_version=current)
+                unconsumed_batches=projection.unconsumed_batches(store), ready_groups=ready, current_version=current)
     return ScheduleInputs(tasks, load, retries, min(still_open), batchable), known
 
 
@@ -196,17 +196,17 @@ def batch_inputs(store: Store, cfg: DataConfig, *, since_ms: int = 0, now_ms: in
                  slow: SlowStats | None = None) -> BatchInputs:
     """What the batcher needs now; ``since_ms``: ``Horizon.open_since_ms`` (0: the whole run);
     ``slow``: the experience pool kept from an earlier pass (None: read it now)."""
-    groups, _, _ = q.open_groups(store, mode=cfg.scheduler.mode, since_ms=since_ms)
-    used, last_seq = q.used_rollouts(store, since_ms)
+    groups, _, _ = projection.open_groups(store, mode=cfg.scheduler.mode, since_ms=since_ms)
+    used, last_seq = projection.used_rollouts(store, since_ms)
     slow = slow if slow is not None else SlowStats()
     if not cfg.curation.inject_experience:
         pool: dict = {}
     elif slow.pool_due(now_ms):
-        pool = slow.pool = q.experience_pool(store, threshold=cfg.curation.success_threshold)
+        pool = slow.pool = projection.experience_pool(store, threshold=cfg.curation.success_threshold)
         slow.pool_ms = now_ms
     else:
         pool = slow.pool or {}
-    return BatchInputs(groups, used, last_seq, pool, q.current_version(store))
+    return BatchInputs(groups, used, last_seq, pool, projection.current_version(store))
 
 
 def live_rollout_workers(beats: list[Beat], *, now_ms: int, ttl_s: float) -> list[str]:
@@ -222,12 +222,12 @@ def round_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_requests
     and the next ``Horizon.open_since_ms``."""
     inputs, known = schedule_inputs(store, cfg, now_ms=now_ms, pending_requests=pending_requests, horizon=horizon,
                                     slow=slow)
-    last = q.last_batch(store)
-    workers = live_rollout_workers(q.heartbeats(store), now_ms=now_ms, ttl_s=cfg.scheduler.heartbeat_ttl_s)
+    last = projection.last_batch(store)
+    workers = live_rollout_workers(projection.heartbeats(store), now_ms=now_ms, ttl_s=cfg.scheduler.heartbeat_ttl_s)
     state = RoundState(
         in_flight=inputs.load.in_flight, open_groups=sum(t.open_groups for t in inputs.tasks),
         ready_groups=inputs.load.ready_groups, capacity=inputs.load.capacity, last_batch_id=last,
-        published_version=q.weights_from_batch(store, last) if last is not None else None,
-        serving=q.serving_versions(store, workers), current_version=inputs.load.current_version,
+        published_version=projection.weights_from_batch(store, last) if last is not None else None,
+        serving=projection.serving_versions(store, workers), current_version=inputs.load.current_version,
     )
     return state, inputs.tasks, known, inputs.open_since_ms

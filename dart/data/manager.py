@@ -19,8 +19,7 @@ from typing import Any
 
 from dart.blobs import BlobStore
 from dart.bus import BusConfig, Consumer, Producer, read_topic
-from dart.data import avroload
-from dart.data import projection as q
+from dart.data import avroload, projection
 from dart.data.batcher import build_manifest, plan_batch
 from dart.data.config import DataConfig
 from dart.data.coupled import RoundPlan, plan_round
@@ -60,7 +59,9 @@ class DataManager:
                  producer: Producer | None = None, seed: int | None = None) -> None:
         self.cfg = cfg
         self.bus = bus
-        self.store = AsyncStore(store)
+        self.store = store
+        self.store_thread = AsyncStore(store)
+        """Every call on the store runs on its one thread (chdb's client is sync only)."""
         self.blobs = blobs
         self.producer = producer or Producer(bus, client_id=cfg.worker_id)
         self._own_producer = producer is None
@@ -102,7 +103,7 @@ class DataManager:
     async def project(self, records: list[Any]) -> list[tuple[Any, DecodeError]]:
         """Write a fetch's records to the projection; returns those that do not decode (the
         consumer dead-letters them, then commits: only after this returns)."""
-        done = await self.store.run(avroload.project_records, self.store.store, records, q.write_events,
+        done = await self.store_thread.run(avroload.project_records, self.store, records, projection.write_events,
                                     self.cfg.projection.clickhouse_decode, kind="project")
         self.projected += done.events
         self.projected_by_clickhouse += done.by_sql
@@ -127,15 +128,15 @@ class DataManager:
         self._forget_stale_pending(at)
         pending = dict(self._pending_requests)
         horizon = self._horizon()
-        inputs, known = await self.store.run(
-            lambda: schedule_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(pending),
+        inputs, known = await self.store_thread.run(
+            lambda: schedule_inputs(self.store, self.cfg, now_ms=at, pending_requests=set(pending),
                                     horizon=horizon, slow=self.slow), kind="schedule")
         self._move_horizon(horizon, inputs.open_since_ms, pending)
         await self._save_horizon(at)
         for rid in known:
             self._pending_requests.pop(rid, None)
-        plan = plan_requests(inputs.tasks, inputs.load, inputs.retries, sched=self.cfg.scheduler,
-                             cur=self.cfg.curation, groups_per_batch=self.cfg.batcher.groups_per_batch, rng=self.rng)
+        plan = plan_requests(inputs.tasks, inputs.load, inputs.retries, scheduler=self.cfg.scheduler,
+                             curation=self.cfg.curation, groups_per_batch=self.cfg.batcher.groups_per_batch, rng=self.rng)
         await self._send_requests(plan.requests, at_ms=at, version=inputs.load.current_version)
         if plan.requests or plan.paused != (self.last_plan.paused if self.last_plan else None):
             log.info("scheduled %d rollouts (in flight %d, limit %d, lag %d)%s", len(plan.requests),
@@ -158,11 +159,11 @@ class DataManager:
             return
         self._horizon_saved_ms = at_ms
         state = self.horizon.copy()
-        await self.store.run(lambda: state.save(self.store.store, now_ms=at_ms))
+        await self.store_thread.run(lambda: state.save(self.store, now_ms=at_ms))
 
     async def restore_horizon(self) -> None:
         """Take up the horizon the store kept (run once, after the migrations)."""
-        self._restored = await self.store.run(Horizon.load, self.store.store)
+        self._restored = await self.store_thread.run(Horizon.load, self.store)
         if self._restored is not None:
             self.horizon = self._restored.copy()
             log.info("curation horizon restored from the store: groups requested since %s, longest "
@@ -205,14 +206,14 @@ class DataManager:
         self._forget_stale_pending(at)
         pending = dict(self._pending_requests)
         horizon = self._horizon()
-        state, tasks, known, open_since = await self.store.run(
-            lambda: round_inputs(self.store.store, self.cfg, now_ms=at, pending_requests=set(pending),
+        state, tasks, known, open_since = await self.store_thread.run(
+            lambda: round_inputs(self.store, self.cfg, now_ms=at, pending_requests=set(pending),
                                  horizon=horizon, slow=self.slow))
         self._move_horizon(horizon, open_since, pending)
         await self._save_horizon(at)
         for rid in known:
             self._pending_requests.pop(rid, None)
-        plan = plan_round(state, tasks, groups_per_batch=self.cfg.batcher.groups_per_batch, cur=self.cfg.curation,
+        plan = plan_round(state, tasks, groups_per_batch=self.cfg.batcher.groups_per_batch, curation=self.cfg.curation,
                           rng=self.rng)
         if plan.step == "request":
             version = max(state.current_version, state.published_version or 0)
@@ -251,22 +252,22 @@ class DataManager:
         at = at_ms if at_ms is not None else now_ms()
         cfg = self.cfg
         since = self._horizon().open_since_ms
-        inputs = await self.store.run(lambda: batch_inputs(self.store.store, cfg, since_ms=since, now_ms=at,
+        inputs = await self.store_thread.run(lambda: batch_inputs(self.store, cfg, since_ms=since, now_ms=at,
                                                            slow=self.slow), kind="batch")
         used = inputs.used | self._used
         plan = plan_batch(inputs.groups, used=used, pool=inputs.pool, current_version=inputs.current_version,
-                          cur=cfg.curation, bat=cfg.batcher, max_attempts=cfg.scheduler.max_attempts, now_ms=at,
+                          curation=cfg.curation, batcher=cfg.batcher, max_attempts=cfg.scheduler.max_attempts, now_ms=at,
                           take_all=take_all)
         if plan is None:
             return None
-        steps = await self.store.run(q.steps_of, self.store.store, plan.rollout_ids)
+        steps = await self.store_thread.run(projection.steps_of, self.store, plan.rollout_ids)
         late = [o.rollout_id for _, o in plan.outcomes
                 if len(steps.get(o.rollout_id, ())) < o.num_steps and at - o.finished_ms < cfg.batcher.steps_grace_s * 1000]
         if late:
             log.debug("batch waits for the steps of %d rollouts to reach the projection", len(late))
             return None
         seq = max(inputs.last_seq, self._last_seq) + 1
-        manifest = build_manifest(plan, steps, run_id=cfg.run_id, seq=seq, cur=cfg.curation)
+        manifest = build_manifest(plan, steps, run_id=cfg.run_id, seq=seq, curation=cfg.curation)
         data = manifest.to_bytes()
         digest = await asyncio.get_running_loop().run_in_executor(None, self.blobs.put, data)  # I/O
         rollout_ids = plan.rollout_ids
@@ -275,7 +276,7 @@ class DataManager:
         # pool success is replayed into every all-fail group of its task (a task with one oracle
         # solution puts the same one in again), which is not a second use.
         online = [o.rollout_id for v, o in plan.outcomes if o is not v.injected]
-        if await self.store.run(q.batch_exists, self.store.store, manifest.batch_id, online):
+        if await self.store_thread.run(projection.batch_exists, self.store, manifest.batch_id, online):
             log.warning("batch %s (or one of its rollouts) is already on the log; not emitting it", manifest.batch_id)
             return None
         # Staleness is the policy's: an experience-pool sample (an oracle's or an earlier run's) has
@@ -305,7 +306,7 @@ class DataManager:
                 await asyncio.wait_for(self._stopping.wait(), timeout=interval_s)
 
     async def _serve_sql(self) -> None:
-        target = self.store.store.target
+        target = self.store.target
         if not self.cfg.http.enabled or target.kind != "chdb" or target.path is None:
             return
         http = self.cfg.http
@@ -339,7 +340,7 @@ class DataManager:
 
     async def log_usage(self) -> None:
         """One line per minute: what the store thread did (a slow pass starves the env slots)."""
-        usage, since = self.store.take_usage(), self._usage_since
+        usage, since = self.store_thread.take_usage(), self._usage_since
         self._usage_since = time.monotonic()
         if not usage or self._usage_since - since < 1.0:
             return
@@ -350,7 +351,7 @@ class DataManager:
 
     async def run(self) -> None:
         """Until ``stop()``; raises if any part fails (the others are stopped first)."""
-        await self.store.run(self.store.store.migrate)
+        await self.store_thread.run(self.store.migrate)
         await self.restore_horizon()
         try:
             async with asyncio.TaskGroup() as tg:
@@ -360,7 +361,7 @@ class DataManager:
         finally:
             if self._own_producer:
                 await asyncio.get_running_loop().run_in_executor(None, self.producer.close)
-            self.store.close()
+            self.store_thread.close()
 
     def stop(self) -> None:
         """SIGTERM: stop deciding at once, project the tail of the log, then stop consuming.

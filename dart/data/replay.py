@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dart.bus import BusConfig, read_topic
 from dart.config import progress
-from dart.data import projection as q
+from dart.data import projection
 from dart.data.store import Store
 from dart.errors import DecodeError
 from dart.events import Event, WeightsPublished, decode
@@ -159,9 +159,9 @@ async def rebuild(bus: BusConfig, store: Store, *, chunk: int = 5000,
                 continue
             buf.append(d.event)
             if len(buf) >= chunk:
-                n += q.write_events(store, buf)
+                n += projection.write_events(store, buf)
                 buf.clear()
-        n += q.write_events(store, buf)
+        n += projection.write_events(store, buf)
         counts[topic] = n
         log.info("replayed %d events from %s", n, topic)
     return counts
@@ -211,8 +211,8 @@ def rebuild_from_archive(log_dir: Path, store: Store, *, until_ms: int | None = 
         buf.append(event)
         counts[topic] = counts.get(topic, 0) + 1
         if len(buf) >= chunk:
-            q.write_events(store, buf)
+            projection.write_events(store, buf)
             buf.clear()
-    q.write_events(store, buf)
+    projection.write_events(store, buf)
     log.info("replayed %d archived events of %d topics from %s", sum(counts.values()), len(counts), log_dir)
     return counts

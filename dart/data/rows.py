@@ -71,6 +71,8 @@ def request_row(e: RolloutRequested) -> Row:
 
 
 def observation_row(e: ObservationEmitted) -> Row:
+    # Why a step has this shape: a ClickHouse table holds columns, so the history is three
+    # parallel arrays here (``projection.steps_of`` zips them back into HistoryTurns).
     return {
         **_envelope(e), "rollout_id": e.rollout_id, "request_id": e.request_id, "task_id": e.task_id,
         "group_id": e.group_id, "step_index": e.step_index, "instruction": e.instruction,

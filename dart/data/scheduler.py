@@ -120,13 +120,13 @@ def plan_requests(
     load: Load,
     retries: Sequence[Retry] = (),
     *,
-    sched: SchedulerConfig,
-    cur: CurationConfig,
+    scheduler: SchedulerConfig,
+    curation: CurationConfig,
     groups_per_batch: int,
     rng: random.Random,
 ) -> Plan:
     """Retries first, then new groups (least recently scheduled task first) while they fit."""
-    limit = in_flight_limit(load.capacity, sched.capacity_factor)
+    limit = in_flight_limit(load.capacity, scheduler.capacity_factor)
     lag = trainer_lag(unconsumed_batches=load.unconsumed_batches, ready_groups=load.ready_groups,
                       groups_per_batch=groups_per_batch)
     in_flight = load.in_flight
@@ -140,17 +140,17 @@ def plan_requests(
     paused = None
     if limit <= 0:
         paused = "no env capacity (no live env worker heartbeats and no scheduler.capacity)"
-    elif lag >= cur.staleness_bound and lag > 0:
-        paused = f"trainer lags {lag} updates >= staleness_bound {cur.staleness_bound}"
+    elif lag >= curation.staleness_bound and lag > 0:
+        paused = f"trainer lags {lag} updates >= staleness_bound {curation.staleness_bound}"
     if paused:
         return Plan(tuple(out), paused, limit, lag)
     order = sorted(tasks, key=lambda t: (t.open_groups, t.last_scheduled_ms, t.task_id))
     opened = {t.task_id: t.open_groups for t in tasks}
-    for _ in range(sched.groups_per_task):
+    for _ in range(scheduler.groups_per_task):
         for t in order:
-            if opened[t.task_id] >= sched.groups_per_task:
+            if opened[t.task_id] >= scheduler.groups_per_task:
                 continue
-            n = rollouts_for(t.success_rate, n_min=cur.n_min, n_default=cur.n_default, threshold=cur.rate_threshold)
+            n = rollouts_for(t.success_rate, n_min=curation.n_min, n_default=curation.n_default, threshold=curation.rate_threshold)
             # A group larger than the whole limit still runs, alone, when nothing else is in flight.
             if in_flight + n > limit and in_flight > 0:
                 continue

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
-import importlib.util
 import json
 import logging
 import sys
@@ -172,8 +170,7 @@ def backend_capabilities(backend: str):
     if backend not in FALLBACK_SETUP_TYPES:
         raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     setup = FALLBACK_SETUP_TYPES[backend]
-    name = f"dart.env.{backend}"
-    mod, setup_mod = _import(name), _import(f"{name}.setup")
+    mod, setup_mod = _backend_modules(backend)
     for m in (mod, setup_mod):
         declared, single = getattr(m, "SETUP_TYPES", None), getattr(m, "SETUP_TYPE", None)
         if declared or isinstance(single, str):
@@ -185,13 +182,26 @@ def backend_capabilities(backend: str):
     return capabilities(setup, getattr(setup_mod, "UNAVAILABLE_PROGRAMS", None))
 
 
-def _import(name: str) -> Any:
-    """The module ``name``, or None if it does not exist or cannot be imported here."""
+def _backend_modules(backend: str) -> tuple[Any, Any]:
+    """The backend's package and its setup module (None for one it lacks, or when they cannot be
+    imported here: an optional dependency of that backend is missing)."""
     try:
-        return importlib.import_module(name) if importlib.util.find_spec(name) else None
-    except ImportError as exc:  # an optional dependency of that backend is missing
-        log.warning("cannot import %s (%s); using the fallback setup types", name, exc)
-        return None
+        if backend == "xdesktop":
+            from dart.env import xdesktop
+            from dart.env.xdesktop import setup as xdesktop_setup
+
+            return xdesktop, xdesktop_setup
+        if backend == "libvirt":
+            from dart.env import libvirt
+            from dart.env.libvirt import setup as libvirt_setup
+
+            return libvirt, libvirt_setup
+        from dart.env import synthetic
+
+        return synthetic, None
+    except ImportError as exc:
+        log.warning("cannot import the %s backend (%s); using the fallback setup types", backend, exc)
+        return None, None
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -1,65 +1,14 @@
-"""Pure scheduling helpers of the env worker: which offsets may be committed, how busy the
-slots were, and what status a finished trajectory gets. No clock, broker or backend here;
+"""Pure scheduling helpers of the env worker: how busy the slots were, what status a finished
+trajectory gets, and whether a failed request is tried again (which offsets may be committed is
+:class:`dart.bus.OffsetWatermark`'s). No clock, broker or backend here;
 callers pass the time in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dart.events import TrajectoryStatus
-
-
-@dataclass
-class OffsetWatermark:
-    """Per partition, the offset a consumer may commit when requests finish out of order.
-
-    Every record handed out is ``track``-ed; ``complete`` marks one done. The commit point of a
-    partition is its lowest unfinished offset (or one past the highest tracked when none is
-    unfinished): everything below it is done, so a restart from there redoes only unfinished
-    work. ``complete`` returns the new commit point when it moved, else None.
-    """
-
-    _pending: dict[int, set[int]] = field(default_factory=dict)
-    _next: dict[int, int] = field(default_factory=dict)
-    _committed: dict[int, int] = field(default_factory=dict)
-
-    def track(self, partition: int, offset: int) -> None:
-        if offset < self._next.get(partition, 0):
-            raise ValueError(f"offset {offset} of partition {partition} tracked out of order "
-                             f"(next expected >= {self._next[partition]})")
-        self._pending.setdefault(partition, set()).add(offset)
-        self._next[partition] = offset + 1
-        self._committed.setdefault(partition, offset)  # where this consumer started: nothing to commit yet
-
-    def complete(self, partition: int, offset: int) -> int | None:
-        pending = self._pending.get(partition)
-        if pending is None or offset not in pending:
-            return None  # a partition forgotten in a rebalance, or a duplicate completion
-        pending.discard(offset)
-        point = self.commit_point(partition)
-        if point is not None and point > self._committed.get(partition, -1):
-            self._committed[partition] = point
-            return point
-        return None
-
-    def commit_point(self, partition: int) -> int | None:
-        """Offset to commit (the next one to read after a restart); None if nothing tracked."""
-        if partition not in self._next:
-            return None
-        pending = self._pending.get(partition)
-        return min(pending) if pending else self._next[partition]
-
-    def forget(self, partitions: Iterable[int]) -> None:
-        """Drop partitions this consumer no longer owns (a rebalance took them)."""
-        for p in partitions:
-            self._pending.pop(p, None)
-            self._next.pop(p, None)
-            self._committed.pop(p, None)
-
-    def in_flight(self) -> int:
-        return sum(len(p) for p in self._pending.values())
 
 
 @dataclass

@@ -4,7 +4,7 @@ Scheduling is rollout-wise: a reader takes RolloutRequested records (consumer gr
 ``cfg.group_name`` on the requests topic) into a bounded queue; each free slot takes the next
 request at once, and no slot ever waits for another. An offset is committed only when every
 request before it in its partition has finished *and* its trajectory's events were
-acknowledged by the broker (:class:`~dart.env.slots.OffsetWatermark`), so a killed worker's
+acknowledged by the broker (:class:`~dart.bus.UnorderedConsumer`), so a killed worker's
 unfinished requests are redone by another member of the group (a redo carries the same
 request_id and rollout_id, so consumers can recognise it).
 
@@ -31,19 +31,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
-
 from dart.blobs import BlobStore
-from dart.bus import BusConfig, Producer, ReplyInbox, dead_letter, read_topic
+from dart.bus import BusConfig, Producer, ReplyInbox, Taken, UnorderedConsumer, read_topic
 from dart.env.backend import EnvBackend
 from dart.env.backends import backends_for
 from dart.env.catalogue import TaskCatalogue
 from dart.env.config import EnvWorkerConfig
-from dart.env.episode import Episode, rollout_id_of
-from dart.env.slots import OffsetWatermark, SlotClock, next_attempt, trajectory_status
-from dart.env.tasks import load_tasks
-from dart.errors import BusError, DecodeError
+from dart.env.episode import Episode, RolloutServiceActor, rollout_id_of
+from dart.env.slots import SlotClock, next_attempt, trajectory_status
+from dart.env.tasks import Task, load_tasks
+from dart.errors import BusError
 from dart.events import (
     RewardAssigned,
     RolloutRequested,
@@ -51,7 +48,6 @@ from dart.events import (
     TrajectoryFinished,
     TrajectoryStatus,
     WorkerHeartbeat,
-    decode,
     new_event_id,
     now_ms,
 )
@@ -62,22 +58,8 @@ EVALUATOR_VERSION = "dart-evaluators-1"
 
 @dataclass(frozen=True, slots=True)
 class _Job:
-    partition: int
-    offset: int
-    epoch: int
+    taken: Taken
     request: RolloutRequested
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, worker: EnvWorker) -> None:
-        self.worker = worker
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self.worker.on_revoked({tp.partition for tp in revoked})
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        log.info("%s: assigned request partitions %s", self.worker.worker_id, sorted(tp.partition for tp in assigned))
-        self.worker.assigned.set()
 
 
 class EnvWorker:
@@ -92,15 +74,14 @@ class EnvWorker:
         self.factory = backend_factory or self.backends.make
         self.catalogue = TaskCatalogue([*self.backends.shipped_tasks(),
                                         *(load_tasks(cfg.task_files) if cfg.task_files else ())])
-        self.watermark = OffsetWatermark()
+        self.requests = UnorderedConsumer(bus, topic=bus.topics.requests, group=cfg.group_name,
+                                          client_id=self.worker_id, producer=self.producer, run_id=cfg.run_id,
+                                          max_records=cfg.slots)
+        self.assigned = self.requests.assigned
         self.clock = SlotClock(cfg.slots, time.monotonic())
-        self.assigned = asyncio.Event()
         self.counts = {"trajectories": 0, "rewards": 0, "infra_errors": 0, "requeued": 0, "steps": 0, "skipped": 0}
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=cfg.slots)
-        self._epochs: dict[int, int] = {}
         self._backends: list[EnvBackend] = [self.factory(i) for i in range(cfg.slots)]
-        self._commit_wanted = asyncio.Event()
-        self._consumer: AIOKafkaConsumer | None = None
         self.inbox = ReplyInbox(bus, self.worker_id, producer=self.producer, partition=cfg.reply_partition)
 
     # ------------------------------------------------------------------ running
@@ -114,7 +95,7 @@ class EnvWorker:
         try:
             await _first_to_end(tasks, stopper)  # booting a VM pool takes minutes: a stop may come first
             if not stop.is_set():
-                parts = [self._read(), self._commits(), self._heartbeats(), self._follow_tasks()]
+                parts = [self._read(), self.requests.commits(), self._heartbeats(), self._follow_tasks()]
                 parts += [self._slot(i) for i in range(self.cfg.slots)]
                 tasks = [asyncio.create_task(p) for p in parts]
                 await _first_to_end(tasks, stopper)
@@ -129,14 +110,7 @@ class EnvWorker:
         # request is taken that no environment could serve yet.
         await self.backends.start()
         await self.inbox.start()
-        self._consumer = AIOKafkaConsumer(**self.bus.aiokafka(
-            group_id=self.cfg.group_name, client_id=self.worker_id,
-            enable_auto_commit=False, auto_offset_reset="earliest",
-            session_timeout_ms=self.bus.session_timeout_ms, heartbeat_interval_ms=self.bus.heartbeat_interval_ms,
-            fetch_max_wait_ms=self.bus.fetch_max_wait_ms, max_partition_fetch_bytes=self.bus.max_message_bytes,
-        ))
-        self._consumer.subscribe([self.bus.topics.requests], listener=_Rebalance(self))
-        await self._consumer.start()
+        await self.requests.start()
 
     async def ready(self, timeout_s: float = 30.0) -> None:
         """Wait until the worker owns request partitions (for tests and demos)."""
@@ -145,8 +119,7 @@ class EnvWorker:
     async def _shutdown(self) -> None:
         with contextlib.suppress(Exception):
             await self._send(self.heartbeat(state="stopped"))
-        if self._consumer is not None:
-            await self._consumer.stop()  # leaves the group: the others take over at once
+        await self.requests.stop()  # leaves the group: the others take over at once
         await self.inbox.close()
         await asyncio.gather(*(self._close(b) for b in self._backends))  # slots give their VMs back ...
         try:
@@ -155,81 +128,39 @@ class EnvWorker:
             log.warning("%s: closing the shared backend failed: %s: %s", self.worker_id, type(exc).__name__, exc)
         await asyncio.to_thread(self.producer.close)
 
-    # ------------------------------------------------------------------ reading and committing
+    # ------------------------------------------------------------------ reading
 
     async def _read(self) -> None:
-        assert self._consumer is not None
         while True:
-            batch = await self._consumer.getmany(timeout_ms=200, max_records=self.cfg.slots)
-            for tp, records in batch.items():
-                for rec in records:
-                    self.watermark.track(tp.partition, rec.offset)
-                    job = await self._job_of(tp.partition, rec)
-                    if job is None:
-                        self._done(tp.partition, rec.offset)
-                    else:
-                        await self._queue.put(job)  # bounded: a full queue stops the reading
+            for taken in await self.requests.take():
+                job = self._job_of(taken)
+                if job is None:
+                    self.requests.done(taken)
+                else:
+                    await self._queue.put(job)  # bounded: a full queue stops the reading
 
-    async def _job_of(self, partition: int, rec: Any) -> _Job | None:
-        try:
-            event = decode(rec.value)
-        except DecodeError as exc:
-            await self._dead_letter(rec, exc)
-            return None
+    def _job_of(self, taken: Taken) -> _Job | None:
+        event = taken.delivered.event
         if not isinstance(event, RolloutRequested) or event.backend != self.cfg.backend:
             self.counts["skipped"] += 1
             return None
         log.debug("%s: request %s (attempt %d) from %d@%d", self.worker_id, event.request_id, event.attempt,
-                  partition, rec.offset)
-        return _Job(partition, rec.offset, self._epochs.get(partition, 0), event)
-
-    def _done(self, partition: int, offset: int) -> None:
-        if self.watermark.complete(partition, offset) is not None:
-            self._commit_wanted.set()
-
-    async def _commits(self) -> None:
-        assert self._consumer is not None
-        while True:
-            await self._commit_wanted.wait()
-            self._commit_wanted.clear()
-            await self._commit_now()
-
-    async def _commit_now(self, partitions: set[int] | None = None) -> None:
-        assert self._consumer is not None
-        topic = self.bus.topics.requests
-        owned = {tp.partition for tp in self._consumer.assignment()}
-        offsets = {}
-        for p in owned if partitions is None else partitions & owned:
-            point = self.watermark.commit_point(p)
-            if point is not None:
-                offsets[TopicPartition(topic, p)] = point
-        if offsets:
-            log.debug("%s: commit %s", self.worker_id, {tp.partition: o for tp, o in offsets.items()})
-            try:
-                await self._consumer.commit(offsets)
-            except (CommitFailedError, KafkaError) as exc:
-                log.warning("%s: commit failed (%s); those requests may be redone", self.worker_id, exc)
-
-    async def on_revoked(self, partitions: set[int]) -> None:
-        """Commit what is done in ``partitions``, then let them go (a rebalance took them)."""
-        await self._commit_now(partitions)
-        self.watermark.forget(partitions)
-        for p in partitions:  # queued requests of these partitions now belong to another worker
-            self._epochs[p] = self._epochs.get(p, 0) + 1
+                  taken.partition, taken.offset)
+        return _Job(taken, event)
 
     # ------------------------------------------------------------------ slots
 
     async def _slot(self, slot: int) -> None:
         while True:
             job = await self._queue.get()
-            if job.epoch != self._epochs.get(job.partition, 0):
+            if not self.requests.current(job.taken):
                 continue  # its partition was reassigned while it waited
             self.clock.begin(slot, time.monotonic())
             try:
                 await self._serve(slot, job.request)
             finally:
                 self.clock.end(slot, time.monotonic())
-            self._done(job.partition, job.offset)
+            self.requests.done(job.taken)
 
     async def _serve(self, slot: int, req: RolloutRequested) -> None:
         """Run one request to its durable end: results acknowledged, or a re-queue."""
@@ -245,27 +176,29 @@ class EnvWorker:
             log.warning("%s slot %d: unhealthy before %s (%s); recycling", self.worker_id, slot, req.request_id,
                         health.detail)
             backend = await self._recycle(slot)
-        ep = Episode(req=req, task=task, backend=backend, slot=slot, worker_id=self.worker_id,
-                     run_id=self.cfg.run_id, reply_timeout_s=self.cfg.reply_timeout_s)
+        ep = Episode(task=task, instruction=task.instruction, backend=backend, max_steps=req.max_steps)
+        actor = RolloutServiceActor(req=req, slot=slot, worker_id=self.worker_id, run_id=self.cfg.run_id,
+                                    producer=self.producer, inbox=self.inbox, reply_timeout_s=self.cfg.reply_timeout_s)
         try:
-            await ep.run(producer=self.producer, inbox=self.inbox, store=self.store)
+            await ep.run(actor, store=self.store)
         except (asyncio.CancelledError, BusError):
             raise  # not the environment's fault: stop, and let the request be redone
         except Exception as exc:
-            log.warning("%s slot %d: %s failed: %s: %s", self.worker_id, slot, ep.rollout_id, type(exc).__name__, exc)
+            log.warning("%s slot %d: %s failed: %s: %s", self.worker_id, slot, actor.rollout_id, type(exc).__name__,
+                        exc)
             await self._infra_error(slot, req, ep, f"{type(exc).__name__}: {exc}", recycle=True)
             return
-        await self._finished(ep)
+        await self._finished(req, slot, task, ep)
         await self.backends.finished(backend)
 
-    async def _finished(self, ep: Episode) -> None:
+    async def _finished(self, req: RolloutRequested, slot: int, task: Task, ep: Episode) -> None:
         assert ep.score is not None
         status = trajectory_status(reward=ep.score, ran_out=ep.ran_out, success_threshold=self.cfg.success_threshold)
         self.counts["steps"] += ep.num_steps
-        await self._send(self._trajectory(ep.req, ep.slot, status, ep))
+        await self._send(self._trajectory(req, slot, status, ep))
         await self._send(RewardAssigned.new(
-            run_id=self.cfg.run_id, producer=self.worker_id, rollout_id=ep.rollout_id, task_id=ep.req.task_id,
-            group_id=ep.req.group_id, reward=float(ep.score), evaluator="+".join(ep.task.evaluator.funcs),
+            run_id=self.cfg.run_id, producer=self.worker_id, rollout_id=rollout_id_of(req), task_id=req.task_id,
+            group_id=req.group_id, reward=float(ep.score), evaluator="+".join(task.evaluator.funcs),
             evaluator_version=EVALUATOR_VERSION,
             details=json.dumps({**ep.details, "invalid_steps": ep.invalid_steps}, default=str),
         ))
@@ -342,11 +275,6 @@ class EnvWorker:
 
     async def _send(self, event: Any, **kw: Any) -> None:
         await self.producer.send(event, **kw)
-
-    async def _dead_letter(self, rec: Any, exc: Exception) -> None:
-        await self._send(dead_letter(rec, run_id=self.cfg.run_id, producer=self.worker_id, group=self.cfg.group_name,
-                                     stage="decode", exc=exc, max_value_bytes=self.bus.max_message_bytes // 2),
-                         topic=self.bus.topics.dlq)
 
 
 async def _first_to_end(tasks: list[asyncio.Task[Any]], stopper: asyncio.Task[Any]) -> None:

@@ -48,7 +48,10 @@ class PromptContext:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Sample:
-    """One step of one trajectory, ready for the policy loss."""
+    """One step of one trajectory, ready for the policy loss.
+
+    Why a shape of its own: it crosses from the data manager to the trainer (JSON in the blob
+    store), so it carries what curation decided (group, reward, origin, sft) beside the step."""
 
     rollout_id: str
     step_index: int

@@ -486,58 +486,27 @@ class LiveSink:
         self._stop.set()
 
     def run(self, *, on_record: Callable[[str, int], None] | None = None) -> dict[str, int]:
-        from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
-        from confluent_kafka import Consumer as KafkaConsumer
+        from dart.bus.follow import follow_topics
 
-        from dart.errors import DecodeError
-        from dart.events import decode
-
-        eof = getattr(KafkaError, "_PARTITION_EOF")  # noqa: B009 - librdkafka's local codes start with "_"
-        consumer = KafkaConsumer(self.bus.librdkafka(**{
-            "group.id": f"{self.bus.prefix}-metrics",   # required by the client; nothing is committed
-            "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 500,
-            "fetch.message.max.bytes": self.bus.max_message_bytes,
-            "logger": logging.getLogger("dart.bus.rdkafka")}))
-        meta = consumer.list_topics(timeout=10.0)
         topics = [self.bus.topics.name(s) for s in FOLLOWED]
-        parts = [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics if t in meta.topics
-                 for p in sorted(meta.topics[t].partitions)]
-        consumer.assign(parts)
         out = TensorBoardOut(Path(self.cfg.out_dir))
-        at_end: set[tuple[str, int]] = set()
-        stop_deadline = None
         try:
-            while True:
-                for msg in consumer.consume(num_messages=1000, timeout=0.5):
-                    key = (msg.topic(), msg.partition())
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == eof:
-                            at_end.add(key)
-                        else:
-                            log.warning("metrics: fetch from %s[%d]: %s", key[0], key[1], err)
-                        continue
-                    at_end.discard(key)
-                    try:
-                        event = decode(msg.value())
-                    except DecodeError:
-                        continue  # the consumers that own the topic dead-letter it
+            for item in follow_topics(self.bus, topics, stop=self._stop, stop_timeout_s=self.cfg.stop_timeout_s,
+                                      group=f"{self.bus.prefix}-metrics"):
+                if item is not None:
+                    topic, event = item
                     if on_record is not None:
-                        on_record(key[0], 1)
+                        on_record(topic, 1)
                     for late in self.reorder.push(event):
                         out.write(self.fold.feed(late))
+                    continue
                 for event in self.reorder.due(int(time.time() * 1000)):
                     out.write(self.fold.feed(event))
-                if self._stop.is_set():
-                    stop_deadline = stop_deadline or time.monotonic() + self.cfg.stop_timeout_s
-                    if len(at_end) >= len(parts) or time.monotonic() > stop_deadline:
-                        break
             for event in self.reorder.drain():
                 out.write(self.fold.feed(event))
             out.write(self.fold.finish())
         finally:
             out.close()
-            consumer.close()
         log.info("metrics: stopped; %d events folded into %d records (%d late)", self.fold.folded, out.written,
                  self.reorder.late)
         return {"events": self.fold.folded, "records": out.written, "late": self.reorder.late}

@@ -13,6 +13,9 @@ Temperature, top-p and frequency penalty shape only which token is drawn.
 Weight versions: ``swap_weights`` installs a new version *between* forward passes; requests
 already running finish on the version they started with and report the newest version seen
 meanwhile in ``Generation.newer_version_seen``.
+
+``GenerateRequest`` and ``Generation`` are the agent core's (:mod:`dart.agent.decide`: what one
+policy step asks of an engine); they are named here too for the engines.
 """
 
 from __future__ import annotations
@@ -21,14 +24,13 @@ import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dart.agent.decide import GenerateRequest as GenerateRequest  # re-exported for the engines
+from dart.agent.decide import Generation as Generation
 from dart.errors import DartError
 from dart.events import Sampling
 
 if TYPE_CHECKING:
     import torch
-    from PIL import Image
-
-    from dart.agent.prompt import Message
 
 
 class EngineError(DartError, RuntimeError):
@@ -37,45 +39,6 @@ class EngineError(DartError, RuntimeError):
 
 class TransientEngineError(EngineError):
     """A failure worth retrying (timeout, connection reset, HTTP 429/5xx)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class GenerateRequest:
-    """One prompt to answer."""
-
-    messages: list[Message]
-    """Chat from ``build_messages`` (``{"type": "image"}`` items refer to ``images`` in order)."""
-    images: list[Image.Image]
-    sampling: Sampling
-    request_id: str = ""
-    """Free-form id for logs (the observation's event_id in the service)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Generation:
-    """One response, as ``ActionChosen`` carries it."""
-
-    text: str
-    """Decoded response without special tokens."""
-    token_ids: list[int]
-    """Sampled tokens, including the stop token when the response ended with one."""
-    logprobs: list[float]
-    """Per-token log-prob under the policy (raw logits, temperature 1), one per token id."""
-    entropies: list[float]
-    """Per-token entropy (nats) of the same distribution; approximate for remote servers that
-    only return top-k log-probs (see OpenAIEngine)."""
-    finish_reason: str
-    """'stop' (a stop token was drawn) or 'length' (max_new_tokens reached)."""
-    prompt_token_ids: list[int] | None
-    """Token ids of the prompt as fed to the model; None when the engine cannot tell."""
-    policy_version: int
-    """Weight version that produced every token of this response."""
-    newer_version_seen: int | None = None
-    """A newer version the engine heard of while this request ran (it still used the old)."""
-    queue_s: float = 0.0
-    """Seconds between submission and the start of its forward passes."""
-    generate_s: float = 0.0
-    """Seconds of generation (its whole micro-batch)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,9 +1,9 @@
 """The rollout worker: observations in, actions out, weights followed.
 
-A member of the ``rollout`` consumer group on the observations topic. For each observation
-it builds the UI-TARS prompt from the observation's context (screenshots from the blob
-store), asks its engine, parses the answer into typed actions, and replies to the env worker
-that asked (``producer.reply(obs.reply, ActionChosen)``), every answer stamped with the
+A member of the ``rollout`` consumer group on the observations topic. Each observation is one
+policy step (:func:`dart.agent.decide.decide`: the UI-TARS prompt from the observation's context,
+screenshots from the blob store; the engine's answer; its typed actions), and the reply goes to
+the env worker that asked (``producer.reply(obs.reply, ActionChosen)``), every answer stamped with the
 policy version that produced it. Concurrency is bounded by ``max_concurrency``; offsets are
 committed only once every observation of a fetch has been answered.
 
@@ -24,16 +24,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dart.agent.actions import InvalidAction, to_wire
-from dart.agent.prompt import PromptConfig, blob_image_loader, build_messages, prompt_hash
+from dart.agent.decide import Decision, decide, wire_actions
+from dart.agent.prompt import PromptConfig, blob_image_loader
 from dart.agent.transfer import TransferConfig
-from dart.agent.uitars import parse_actions
 from dart.blobs import BlobStore
 from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Producer
 from dart.config import require
 from dart.errors import DartError
 from dart.events import ActionChosen, Event, ObservationEmitted, ParsedAction, WorkerHeartbeat
 from dart.events.manifest import PromptContext
-from dart.rollout.engine import Engine, GenerateRequest, Generation
+from dart.rollout.engine import Engine, Generation
 from dart.rollout.hf_engine import HFEngineConfig
 from dart.rollout.openai_engine import OpenAIEngineConfig
 from dart.rollout.transfer import open_receiver
@@ -112,16 +112,8 @@ def make_engine(cfg: RolloutWorkerConfig) -> Engine:
 
 def actions_of(text: str, obs: ObservationEmitted, cfg: RolloutWorkerConfig) -> list[ParsedAction]:
     """Wire actions of a model answer, in the observation's screen pixels; never raises."""
-    actions = parse_actions(
-        text,
-        screen=(obs.screen_width, obs.screen_height),
-        convention=cfg.convention,
-        min_pixels=cfg.prompt.min_pixels,
-        max_pixels=cfg.prompt.max_pixels,
-    )
-    return [to_wire(a) for a in actions] or [
-        to_wire(InvalidAction(reason="no action in the answer", text=text))
-    ]
+    return wire_actions(text, screen=(obs.screen_width, obs.screen_height), convention=cfg.convention,
+                        prompt=cfg.prompt)
 
 
 class RolloutWorker:
@@ -150,6 +142,8 @@ class RolloutWorker:
             direct=open_receiver(cfg.transfer, self.worker_id) if cfg.follow_weights else None,
         )
         self._started = time.monotonic()
+        self.consumers: list[Consumer] = []
+        """The consumers of :meth:`run` (observations; weights), once it started them."""
 
     async def _announce(self, event: Event) -> None:
         await self.producer.send(event, topic=self.bus.topics.heartbeats, key=self.worker_id.encode())
@@ -158,53 +152,25 @@ class RolloutWorker:
 
     async def answer(self, obs: ObservationEmitted) -> ActionChosen:
         """The reply to one observation; failures become ``finish_reason='error'``, never raise."""
-        received = time.perf_counter()
         try:
-            ctx = PromptContext.from_observation(obs)
-            messages, images = await asyncio.to_thread(build_messages, ctx, self.load_image, self.cfg.prompt)
-            request = GenerateRequest(
-                messages=messages, images=images, sampling=obs.sampling, request_id=obs.event_id
-            )
-            built = time.perf_counter()
-            gen = await self.engine.generate(request)
+            decision = await decide(PromptContext.from_observation(obs), self.engine, load_image=self.load_image,
+                                    prompt=self.cfg.prompt, convention=self.cfg.convention, sampling=obs.sampling,
+                                    request_id=obs.event_id)
         except (DartError, OSError, ValueError, RuntimeError) as exc:
             log.error("observation %s (%s step %d): %s", obs.event_id, obs.rollout_id, obs.step_index, exc)
-            return self._reply(
-                obs, None, error=f"{type(exc).__name__}: {exc}", queue_s=time.perf_counter() - received
-            )
-        return self._reply(obs, gen, queue_s=(built - received) + gen.queue_s)
+            return self._error_reply(obs, f"{type(exc).__name__}: {exc}")
+        return self._reply(obs, decision, queue_s=decision.prompt_s + decision.generation.queue_s)
 
-    def _reply(
-        self, obs: ObservationEmitted, gen: Generation | None, *, queue_s: float, error: str = ""
-    ) -> ActionChosen:
-        if gen is None:
-            actions = [to_wire(InvalidAction(reason=f"rollout worker error: {error}"[:500]))]
-            fields = dict(
-                response_text="",
-                response_token_ids=[],
-                logprobs=[],
-                entropies=[],
-                policy_version=self.engine.version,
-                prompt_hash="",
-                prompt_tokens=0,
-                finish_reason="error",
-                generate_s=0.0,
-            )
-        else:
-            prompt_ids = gen.prompt_token_ids or []
-            actions = actions_of(gen.text, obs, self.cfg)
-            fields = dict(
-                response_text=gen.text,
-                response_token_ids=gen.token_ids,
-                logprobs=gen.logprobs,
-                entropies=gen.entropies,
-                policy_version=gen.policy_version,
-                newer_version_seen=gen.newer_version_seen,
-                prompt_hash=prompt_hash(prompt_ids) if gen.prompt_token_ids is not None else "",
-                prompt_tokens=len(prompt_ids),
-                finish_reason=gen.finish_reason,
-                generate_s=gen.generate_s,
-            )
+    def _error_reply(self, obs: ObservationEmitted, error: str) -> ActionChosen:
+        """An infrastructure failure for the env worker to count as such, never a model step."""
+        failed = Generation(text="", token_ids=[], logprobs=[], entropies=[], finish_reason="error",
+                            prompt_token_ids=None, policy_version=self.engine.version)
+        actions = [to_wire(InvalidAction(reason=f"rollout worker error: {error}"[:500]))]
+        return self._reply(obs, Decision(generation=failed, actions=actions, prompt_hash="", prompt_s=0.0),
+                           queue_s=0.0)
+
+    def _reply(self, obs: ObservationEmitted, decision: Decision, *, queue_s: float) -> ActionChosen:
+        gen = decision.generation
         return ActionChosen.new(
             run_id=obs.run_id or self.cfg.run_id,
             producer=self.worker_id,
@@ -213,11 +179,20 @@ class RolloutWorker:
             request_id=obs.request_id,
             task_id=obs.task_id,
             step_index=obs.step_index,
-            actions=actions,
+            actions=decision.actions,
+            response_text=gen.text,
+            response_token_ids=gen.token_ids,
+            logprobs=gen.logprobs,
+            entropies=gen.entropies,
+            policy_version=gen.policy_version,
+            newer_version_seen=gen.newer_version_seen,
+            prompt_hash=decision.prompt_hash,
+            prompt_tokens=len(gen.prompt_token_ids or ()),
+            finish_reason=gen.finish_reason,
             engine=self.engine.name,
             queue_s=queue_s,
+            generate_s=gen.generate_s,
             sampling=obs.sampling,
-            **fields,
         )
 
     async def _serve_one(self, d: Delivered) -> None:
@@ -332,7 +307,7 @@ class RolloutWorker:
     async def ready(self, timeout_s: float = 30.0) -> None:
         """Wait until every consumer of :meth:`run` has its partitions (for tests and demos)."""
         deadline = time.monotonic() + timeout_s
-        while not getattr(self, "consumers", None):
+        while not self.consumers:
             if time.monotonic() > deadline:
                 raise TimeoutError("rollout worker did not start its consumers")
             await asyncio.sleep(0.05)

@@ -97,8 +97,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import dataclasses
 
     from dart.blobs import LocalBlobStore
-    from dart.stack.episodes import evaluate, success_by_instruction
-    from dart.stack.recipe import make_tasks
+    from dart.recipe.config import make_tasks
+    from dart.recipe.episodes import evaluate, success_by_instruction
     from dart.stack.up import latest_checkpoint, load_checkpoint_policy
 
     cfg = load_stack_config(args.config, args)
@@ -143,7 +143,7 @@ def cmd_replay_store(args: argparse.Namespace) -> int:
 
 
 def cmd_replay_update(args: argparse.Namespace) -> int:
-    from dart.stack.debug import replay_update
+    from dart.recipe.debug import replay_update
 
     update = replay_update(args.run_dir, args.version)
     print(update.text())
@@ -151,7 +151,7 @@ def cmd_replay_update(args: argparse.Namespace) -> int:
 
 
 def cmd_replay_decision(args: argparse.Namespace) -> int:
-    from dart.stack.debug import replay_decision
+    from dart.recipe.debug import replay_decision
 
     result = replay_decision(args.run_dir, args.rollout_id, args.step, worker_config=args.worker_config)
     print(result.text())

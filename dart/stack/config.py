@@ -1,6 +1,6 @@
 """`dart up` configuration: one file describes a whole run on one machine.
 
-The learning knobs live in one :class:`~dart.stack.recipe.Recipe` (model size, tasks, prompt,
+The learning knobs live in one :class:`~dart.recipe.config.Recipe` (model size, tasks, prompt,
 sampling, warm start, RL learning rate, evaluation) and every service's config is derived
 from it, so the rollout workers and the trainer can never disagree on the prompt. Each
 service section may add raw options that are merged into that service's own config; all of
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dart.config import require
-from dart.stack.recipe import Recipe
+from dart.recipe.config import Recipe
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 from dart.config import build
 from dart.errors import ConfigError
+from dart.recipe.config import curation_section
 from dart.stack.config import StackConfig
 from dart.stack.supervisor import ServiceSpec
 
@@ -76,9 +77,7 @@ def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path,
     data = {
         "run_id": cfg.run_id, "blobs": blobs, "backend": cfg.env.backend,
         "store": {"dsn": f"chdb://{(workdir / 'chdb').resolve()}"},
-        "curation": {"n_default": r.group_size, "max_steps": r.max_steps, "min_steps": min(2, r.max_steps),
-                     "success_threshold": 1.0, "min_failed_steps": 0,
-                     "entropy_top_fraction": r.loss.entropy_top_frac},
+        "curation": curation_section(r),
         # A pass of the scheduler or the batcher is a few curation queries (0.3-0.5 s on the store
         # thread late in a run on 2 busy cores): every 1.5 s, with three times the slots in
         # flight so that the slots never run dry between two passes (at 2x they did, late in a

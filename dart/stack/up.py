@@ -25,7 +25,7 @@ from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
 from dart.env.catalogue import task_events
 from dart.stack.config import StackConfig
-from dart.stack.osworld import osworld_pool, wait_until_serving
+from dart.stack.osworld import OsworldPool, osworld_pool, wait_until_serving
 from dart.stack.progress import Display, Progress, Snapshot, render
 from dart.stack.services import downloads_root, service_sections, service_specs
 from dart.stack.supervisor import Supervisor
@@ -55,7 +55,7 @@ def import_oracle_experience(bus: BusConfig, run_id: str, tasks: list[dict[str, 
     so the data manager can inject a success into a group whose online rollouts all failed."""
     from dart.data.experience import experience_events
     from dart.events import now_ms
-    from dart.stack.warmstart import oracle_samples
+    from dart.recipe.warmstart import oracle_samples
 
     by_rollout: dict[str, list[Any]] = {}
     for sample in oracle_samples(tasks, policy, store, recipe):
@@ -106,25 +106,21 @@ def load_checkpoint_policy(base_dir: Path, checkpoint: Path | None) -> Any:
     return policy
 
 
+Outcomes = list[tuple[dict[str, Any], bool]]
+"""Held-out episodes as (task, solved), for the success per instruction."""
+
+
 def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]:
     """Run the whole thing; returns the summary (also written to WORKDIR/summary.json)."""
-    from dart.stack.episodes import evaluate, success_by_instruction
-    from dart.stack.recipe import make_tasks
-    from dart.stack.warmstart import warm_start
-
     t_start = time.monotonic()
     recipe = cfg.recipe
-    osworld = cfg.tasks.source == "osworld"
-    if osworld:  # before anything starts: a pool with nothing left to run is refused here
-        pool = osworld_pool(cfg.tasks, backend=cfg.env.backend, downloads=downloads_root(cfg))
-        train, held_out = pool.tasks, []
-    else:
-        train, held_out = make_tasks(recipe)
+    train, held_out, pool = run_tasks(cfg)
     workdir = cfg.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config").mkdir(exist_ok=True)
     store = LocalBlobStore(workdir / "blobs")
     summary: dict[str, Any] = {"run_id": cfg.run_id, "pipeline": cfg.pipeline, "workdir": str(workdir)}
+    warm_outcomes: Outcomes = []
 
     broker = None
     if not cfg.bootstrap:
@@ -141,86 +137,31 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
                                                         "DART_RUN_ID": cfg.run_id})
     try:
         ensure_topics(bus)
-        restored = broker is not None and restore_log(workdir / "log", bus)
-        if not restored:
-            register_tasks(bus, cfg.run_id, train, "train", backend=cfg.env.backend if osworld else "synthetic")
+        if not (broker is not None and restore_log(workdir / "log", bus)):
+            register_tasks(bus, cfg.run_id, train, "train", backend=cfg.env.backend if pool is not None else "synthetic")
             register_tasks(bus, cfg.run_id, held_out, "eval")
-        if osworld:
+        if pool is not None:
             say(f"{pool.describe()}; on {bus.topics.tasks}")
         else:
             say(f"{len(train)} training and {len(held_out)} held-out {recipe.preset!r} tasks on {bus.topics.tasks}")
-
-        t0 = time.monotonic()
-        if cfg.warm_model is not None:
-            warm_dir = cfg.warm_model.resolve()
-            say(f"warm start: the given policy {warm_dir}")
-        elif osworld:
-            from dart.agent.tiny import build_tiny
-
-            warm_dir = build_tiny(workdir / "init", seed=recipe.seed, size=recipe.model)
-            say(f"policy: a tiny random-weight Qwen2.5-VL in {warm_dir} (no warm start: OSWorld tasks come "
-                "without oracle demonstrations; give warm_model for a trained one)")
-        else:
-            say(f"warm start: tiny Qwen2.5-VL, SFT on {recipe.sft_demos} oracle demonstrations "
-                f"({recipe.sft_steps} optimiser steps of {recipe.sft_micro_batch})")
-            warm_dir = warm_start(recipe, workdir, store, train, log=say)
-            summary["sft_s"] = round(time.monotonic() - t0, 1)
-            say(f"warm start written to {warm_dir} in {summary['sft_s']} s")
-        summary["warm_model"] = str(warm_dir)
+        warm_dir = warm_policy(cfg, workdir, store, train, summary)
         if cfg.evaluate:
             t0 = time.monotonic()
-            warm_outcomes: list[tuple[dict[str, Any], bool]] = []
-            summary["warm_success"] = evaluate(load_checkpoint_policy(warm_dir, None), held_out,
-                                               recipe.eval_episodes, store=store, recipe=recipe, phase=1,
-                                               outcomes=warm_outcomes)
+            summary["warm_success"] = held_out_success(warm_dir, None, held_out, cfg, store, phase=1,
+                                                       outcomes=warm_outcomes)
             say(f"warm start: held-out success {summary['warm_success']:.1%} over {recipe.eval_episodes} "
                 f"episodes ({time.monotonic() - t0:.0f} s)")
-
         if cfg.experience_tasks:
             n = import_oracle_experience(bus, cfg.run_id, train[: cfg.experience_tasks],
                                          load_checkpoint_policy(warm_dir, None), store, recipe)
             say(f"experience pool: {n} oracle trajectories on the log (injected into all-fail groups)")
-
-        sections = service_sections(cfg, workdir=workdir, model_dir=warm_dir, serve_port=free_port())
-        for name, body in sections.items():
-            if "serve" in body:  # `dart serve` takes flags, not a file
-                continue
-            text = yaml.safe_dump({"bus": {"bootstrap": bus.bootstrap, "prefix": bus.prefix}, **body}, sort_keys=False)
-            (workdir / "config" / f"{name}.yaml").write_text(text)
-        specs = service_specs(sections, workdir / "config",
-                              nice={"env": cfg.env.nice, "rollout": cfg.rollout.nice, "serve": cfg.rollout.nice})
-        rollouts = [spec for spec in specs if spec.name.startswith("rollout-")] if "serve" in sections else []
-        for spec in specs:
-            if spec not in rollouts:
-                supervisor.start(spec)
-        if "serve" in sections:
-            # Rollout workers start once the policy server answers (the other services start
-            # meanwhile): their first requests would spend the engine's retries on a server still loading.
-            url = f"http://127.0.0.1:{sections['serve']['serve']['port']}/v1"
-            waited = wait_until_serving(url, timeout_s=SERVE_START_S,
-                                        alive=lambda: supervisor.services["serve"].proc.poll() is None)
-            say(f"dart serve answers on {url} ({waited:.0f} s after dart up started it)")
-        for spec in rollouts:
-            supervisor.start(spec)
-        if "metrics" in sections:
-            say(f"watch it: tensorboard --logdir {workdir / 'tensorboard'} --host 127.0.0.1; Prometheus /metrics "
-                f"ports in {workdir / 'metrics'}/<service>.port")
-
+        start_services(cfg, supervisor, workdir, warm_dir, bus)
         summary.update(_rl_phase(cfg, supervisor, workdir, stop_after_s=stop_after_s, broker=broker, bus=bus))
     except KeyboardInterrupt:
         say("interrupted: stopping every service cleanly")
         summary["interrupted"] = True
     finally:
-        if supervisor.services:
-            # Producers first; the data manager last, so it projects everything they wrote
-            # (on SIGTERM it stops deciding, drains the log's tail into the store, then exits).
-            # The archiver goes after the data manager: the log's last records reach the archive.
-            # The metrics sink reads on to the log's end once nothing writes to it any more.
-            producers = [n for n in supervisor.services if n not in ("data-manager", "archiver", "metrics")]
-            supervisor.stop(producers)
-            for last in ("data-manager", "archiver", "metrics"):
-                if last in supervisor.services:
-                    supervisor.stop([last])
+        stop_services(supervisor)
         if broker is not None:
             broker.stop()
 
@@ -231,16 +172,11 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
     summary["final_checkpoint"] = str(checkpoint) if checkpoint else None
     if cfg.evaluate and not summary.get("interrupted") and "warm_success" in summary:
         t0 = time.monotonic()
-        policy = load_checkpoint_policy(Path(summary["warm_model"]), checkpoint)
-        rl_outcomes: list[tuple[dict[str, Any], bool]] = []
-        summary["rl_success"] = evaluate(policy, held_out, recipe.eval_episodes, store=store, recipe=recipe,
-                                         phase=2, outcomes=rl_outcomes)
+        rl_outcomes: Outcomes = []
+        summary["rl_success"] = held_out_success(Path(summary["warm_model"]), checkpoint, held_out, cfg, store,
+                                                 phase=2, outcomes=rl_outcomes)
         summary["delta"] = summary["rl_success"] - summary["warm_success"]
-        # Which skills the warm start brought and which RL added (make run: which colours it reads).
-        warm_by = success_by_instruction(warm_outcomes)
-        summary["held_out_by_instruction"] = [
-            {"instruction": ins, "tasks": n, "warm": warm_by.get(ins, (n, None))[1], "rl": rate}
-            for ins, (n, rate) in success_by_instruction(rl_outcomes).items()]
+        summary["held_out_by_instruction"] = by_instruction(warm_outcomes, rl_outcomes)
         say(f"RL policy: held-out success {summary['rl_success']:.1%} over {recipe.eval_episodes} episodes "
             f"({time.monotonic() - t0:.0f} s)")
     summary["total_s"] = round(time.monotonic() - t_start, 1)
@@ -248,6 +184,106 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     _print_summary(summary)
     return summary
+
+
+def run_tasks(cfg: StackConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], OsworldPool | None]:
+    """(training tasks, held-out tasks, the OSWorld pool when the tasks are OSWorld's). An OSWorld
+    pool with nothing left to run is refused here, before anything starts."""
+    from dart.recipe.config import make_tasks
+
+    if cfg.tasks.source == "osworld":
+        pool = osworld_pool(cfg.tasks, backend=cfg.env.backend, downloads=downloads_root(cfg))
+        return pool.tasks, [], pool
+    train, held_out = make_tasks(cfg.recipe)
+    return train, held_out, None
+
+
+def warm_policy(cfg: StackConfig, workdir: Path, store: LocalBlobStore, train: list[dict[str, Any]],
+                summary: dict[str, Any]) -> Path:
+    """The policy RL starts from: the config's ``warm_model``, a random tiny one for OSWorld
+    (no oracle demonstrations), else the recipe's SFT warm start (``sft_s`` into ``summary``)."""
+    from dart.recipe.warmstart import warm_start
+
+    recipe = cfg.recipe
+    t0 = time.monotonic()
+    if cfg.warm_model is not None:
+        warm_dir = cfg.warm_model.resolve()
+        say(f"warm start: the given policy {warm_dir}")
+    elif cfg.tasks.source == "osworld":
+        from dart.agent.tiny import build_tiny
+
+        warm_dir = build_tiny(workdir / "init", seed=recipe.seed, size=recipe.model)
+        say(f"policy: a tiny random-weight Qwen2.5-VL in {warm_dir} (no warm start: OSWorld tasks come "
+            "without oracle demonstrations; give warm_model for a trained one)")
+    else:
+        say(f"warm start: tiny Qwen2.5-VL, SFT on {recipe.sft_demos} oracle demonstrations "
+            f"({recipe.sft_steps} optimiser steps of {recipe.sft_micro_batch})")
+        warm_dir = warm_start(recipe, workdir, store, train, log=say)
+        summary["sft_s"] = round(time.monotonic() - t0, 1)
+        say(f"warm start written to {warm_dir} in {summary['sft_s']} s")
+    summary["warm_model"] = str(warm_dir)
+    return warm_dir
+
+
+def held_out_success(model_dir: Path, checkpoint: Path | None, held_out: list[dict[str, Any]], cfg: StackConfig,
+                     store: LocalBlobStore, *, phase: int, outcomes: Outcomes) -> float:
+    """Held-out success of ``model_dir`` (with a trainer checkpoint's weights, if any)."""
+    from dart.recipe.episodes import evaluate
+
+    return evaluate(load_checkpoint_policy(model_dir, checkpoint), held_out, cfg.recipe.eval_episodes, store=store,
+                    recipe=cfg.recipe, phase=phase, outcomes=outcomes)
+
+
+def by_instruction(warm: Outcomes, rl: Outcomes) -> list[dict[str, Any]]:
+    """Which skills the warm start brought and which RL added (make run: which colours it reads)."""
+    from dart.recipe.episodes import success_by_instruction
+
+    warm_by = success_by_instruction(warm)
+    return [{"instruction": ins, "tasks": n, "warm": warm_by.get(ins, (n, None))[1], "rl": rate}
+            for ins, (n, rate) in success_by_instruction(rl).items()]
+
+
+def start_services(cfg: StackConfig, supervisor: Supervisor, workdir: Path, warm_dir: Path, bus: BusConfig) -> None:
+    """Write every service's config and start it under ``supervisor``; rollout workers of a
+    ``dart serve`` start once it answers."""
+    sections = service_sections(cfg, workdir=workdir, model_dir=warm_dir, serve_port=free_port())
+    for name, body in sections.items():
+        if "serve" in body:  # `dart serve` takes flags, not a file
+            continue
+        text = yaml.safe_dump({"bus": {"bootstrap": bus.bootstrap, "prefix": bus.prefix}, **body}, sort_keys=False)
+        (workdir / "config" / f"{name}.yaml").write_text(text)
+    specs = service_specs(sections, workdir / "config",
+                          nice={"env": cfg.env.nice, "rollout": cfg.rollout.nice, "serve": cfg.rollout.nice})
+    rollouts = [spec for spec in specs if spec.name.startswith("rollout-")] if "serve" in sections else []
+    for spec in specs:
+        if spec not in rollouts:
+            supervisor.start(spec)
+    if "serve" in sections:
+        # Rollout workers start once the policy server answers (the other services start
+        # meanwhile): their first requests would spend the engine's retries on a server still loading.
+        url = f"http://127.0.0.1:{sections['serve']['serve']['port']}/v1"
+        waited = wait_until_serving(url, timeout_s=SERVE_START_S,
+                                    alive=lambda: supervisor.services["serve"].proc.poll() is None)
+        say(f"dart serve answers on {url} ({waited:.0f} s after dart up started it)")
+    for spec in rollouts:
+        supervisor.start(spec)
+    if "metrics" in sections:
+        say(f"watch it: tensorboard --logdir {workdir / 'tensorboard'} --host 127.0.0.1; Prometheus /metrics "
+            f"ports in {workdir / 'metrics'}/<service>.port")
+
+
+def stop_services(supervisor: Supervisor) -> None:
+    """Producers first; the data manager last, so it projects everything they wrote (on SIGTERM it
+    stops deciding, drains the log's tail into the store, then exits). The archiver goes after
+    the data manager: the log's last records reach the archive. The metrics sink reads on to the
+    log's end once nothing writes to it any more."""
+    if not supervisor.services:
+        return
+    producers = [n for n in supervisor.services if n not in ("data-manager", "archiver", "metrics")]
+    supervisor.stop(producers)
+    for last in ("data-manager", "archiver", "metrics"):
+        if last in supervisor.services:
+            supervisor.stop([last])
 
 
 def write_run_report(workdir: Path) -> Path | None:

@@ -25,7 +25,10 @@ from dart.train.advantages import entropy_step_mask, group_advantages, length_we
 
 @dataclass(frozen=True, kw_only=True)
 class TrainSample:
-    """One sample whose prompt was rebuilt and checked: ready to collate."""
+    """One sample whose prompt was rebuilt and checked: ready to collate.
+
+    Why a shape of its own: it holds the rebuilt prompt's tensors and the advantage, which only
+    the trainer computes (the manifest's :class:`Sample` carries digests and a reward)."""
 
     inputs: PromptInputs
     response_ids: list[int]

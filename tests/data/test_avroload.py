@@ -18,8 +18,7 @@ from types import SimpleNamespace
 import fastavro
 import pytest
 
-from dart.data import avroload
-from dart.data import projection as q
+from dart.data import avroload, projection
 from dart.data.replay import compare, format_checks
 from dart.data.rows import TABLES
 from dart.data.store import Store
@@ -53,8 +52,8 @@ def project_both(store: Store, values: list[bytes | None]) -> avroload.Projected
         for v in values:
             with contextlib.suppress(DecodeError):
                 good.append(decode(v))
-        q.write_events(twin, good)
-        done = avroload.project_records(store, records(values), q.write_events)
+        projection.write_events(twin, good)
+        done = avroload.project_records(store, records(values), projection.write_events)
         checks, diffs = compare(store.query, store.database, twin.query, twin.database, TABLES)
         assert all(c.equal for c in checks), format_checks(checks, diffs)
         assert done.events == len(good)
@@ -159,7 +158,7 @@ def test_a_record_of_the_previous_schema_version_takes_the_python_path(store: St
 
 def test_the_python_path_alone_when_clickhouse_decoding_is_off(store: Store) -> None:
     values = [encode(e) for e in all_examples() if not isinstance(e, DeadLetter)]
-    done = avroload.project_records(store, records(values), q.write_events, clickhouse_decode=False)
+    done = avroload.project_records(store, records(values), projection.write_events, clickhouse_decode=False)
     assert done.by_sql == 0 and done.events == len(values)
 
 

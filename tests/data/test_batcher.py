@@ -22,7 +22,7 @@ def grp(gid, rewards, opened, *, task="t"):
 
 
 def plan(groups, used=frozenset(), pool=None, now=1000):
-    return plan_batch(groups, used=set(used), pool=pool or {}, current_version=1, cur=CUR, bat=BAT,
+    return plan_batch(groups, used=set(used), pool=pool or {}, current_version=1, curation=CUR, batcher=BAT,
                       max_attempts=3, now_ms=now)
 
 
@@ -64,7 +64,7 @@ def test_manifest_has_selected_steps_rewards_and_injected_experience() -> None:
         "g2-0": [step("g2-0", 0, 0.7), step("g2-0", 1, 0.05, version=0)],
         "xp": [step("xp", 0, 0.0), step("xp", 1, 0.0)],
     }
-    m = build_manifest(p, steps, run_id="run", seq=3, cur=CUR)
+    m = build_manifest(p, steps, run_id="run", seq=3, curation=CUR)
     keys = [(s.rollout_id, s.step_index) for s in m.samples]
     # online steps 6, top half = 3: g1-0/0 g1-0/1 g2-0/0; g1-1 keeps its best (step 1); xp kept whole
     assert keys == [("g1-0", 0), ("g1-0", 1), ("g1-1", 1), ("g2-0", 0), ("xp", 0), ("xp", 1)]

@@ -26,7 +26,7 @@ TASKS = [TaskState("a", "synthetic", None, 30, last_scheduled_ms=5), TaskState("
 
 
 def plan(state: RoundState, tasks=TASKS, gpb: int = 2):
-    return plan_round(state, tasks, groups_per_batch=gpb, cur=CUR, rng=random.Random(0))
+    return plan_round(state, tasks, groups_per_batch=gpb, curation=CUR, rng=random.Random(0))
 
 
 def idle(**kw) -> RoundState:
@@ -179,8 +179,8 @@ def test_a_finished_coupled_round_is_batched_with_the_groups_that_survived_curat
         return GroupProgress(gid, "t", len(rewards), 0, outs)
 
     groups = [grp("g1", [1.0, 1.0]), grp("g2", [1.0, 0.0])]      # g1 all-success: dropped
-    kw = dict(used=set(), pool={}, current_version=1, cur=CurationConfig(min_failed_steps=0),
-              bat=BatcherConfig(groups_per_batch=2), max_attempts=3, now_ms=0)
+    kw = dict(used=set(), pool={}, current_version=1, curation=CurationConfig(min_failed_steps=0),
+              batcher=BatcherConfig(groups_per_batch=2), max_attempts=3, now_ms=0)
     assert plan_batch(groups, **kw) is None                       # decoupled: waits for a second kept group
     p = plan_batch(groups, **kw, take_all=True)
     assert p is not None and [v.group_id for v in p.verdicts] == ["g2"] and p.dropped == {"all_success": 1}

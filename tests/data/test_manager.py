@@ -13,7 +13,7 @@ import pytest
 
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, Producer, read_topic
-from dart.data import projection as q
+from dart.data import projection
 from dart.data.config import (
     BatcherConfig,
     CurationConfig,
@@ -80,7 +80,7 @@ async def test_events_delivered_twice_leave_identical_tables(bus: BusConfig, sto
     events += [task("a"), heartbeat("env-1", 4)]
     direct = Store.open_dsn(f"chdb://{chdb_path}", database=f"d{uuid.uuid4().hex[:8]}")
     direct.migrate()
-    q.write_events(direct, events)
+    projection.write_events(direct, events)
     await send_all(bus, events + events)          # every event delivered twice
     dm = DataManager(config(), bus, store=store, blobs=blobs)
     await run_until(dm, lambda: projected(dm, 2 * len(events)))
@@ -112,11 +112,11 @@ async def test_cancelled_manager_resumes_with_nothing_lost_or_doubled(bus: BusCo
     expected = {"requests": 240, "observations": 1200, "actions": 1200, "trajectories": 240, "rewards": 240}
 
     async def complete() -> bool:
-        return await dm2.store.run(q.table_counts, store, list(expected)) == expected
+        return await dm2.store_thread.run(projection.table_counts, store, list(expected)) == expected
 
     await run_until(dm2, complete, timeout_s=90)
     await asyncio.sleep(0.5)
-    assert q.table_counts(store, list(expected)) == expected
+    assert projection.table_counts(store, list(expected)) == expected
     # the restart resumed from committed offsets: it did not replay the whole log
     assert dm2.projected < len(history)
 
@@ -178,7 +178,7 @@ async def test_schedules_groups_and_assembles_a_batch_from_their_rollouts(
     assert [h.step_index for h in s.context.history] == [0, 1] and s.response_token_ids == [102, 103, 104]
     assert s.prompt_hash == "ph-2" and s.entropies == pytest.approx([0.3] * 3)
     # the batch is on the log, so it is in the projection and those rollouts are used
-    used, last_seq = q.used_rollouts(store)
+    used, last_seq = projection.used_rollouts(store)
     assert used == set(b.rollout_ids) and last_seq == 0
 
 
@@ -191,7 +191,7 @@ async def test_crash_between_manifest_and_event_neither_loses_nor_repeats(
     for i in range(2):
         events, _ = group(f"t{i}", [1.0, 0.0, 0.0], t=now)
         history += events
-    q.write_events(store, history)                       # the projection the batcher reads
+    projection.write_events(store, history)                       # the projection the batcher reads
     cfg = config(batcher=BatcherConfig(groups_per_batch=2),
                  curation=CurationConfig(min_failed_steps=0, entropy_top_fraction=0.5))
     crashed = DataManager(cfg, bus, store=store, blobs=blobs)
@@ -214,7 +214,7 @@ async def test_crash_between_manifest_and_event_neither_loses_nor_repeats(
     # the log scan knows the rollouts are used, so nothing is emitted twice
     fresh = Store.open_dsn(f"chdb://{chdb_path}", database=f"f{uuid.uuid4().hex[:8]}")
     fresh.migrate()
-    q.write_events(fresh, history)
+    projection.write_events(fresh, history)
     late = DataManager(cfg, bus, store=fresh, blobs=blobs)
     await late.scan_batches()
     assert await late.batch_once() is None
@@ -222,7 +222,7 @@ async def test_crash_between_manifest_and_event_neither_loses_nor_repeats(
     assert [e.batch_id for e in on_log] == [event.batch_id]
     for dm in (restarted, late):
         dm.producer.close()
-        dm.store.close()
+        dm.store_thread.close()
     fresh.command(f"DROP DATABASE {fresh.database}")
 
 
@@ -247,7 +247,7 @@ async def test_experience_on_the_log_rescues_an_all_fail_group(
     async def second_round() -> bool:
         # once the first batch is in the projection, a second all-fail group of the same task
         # arrives: the pool's only success goes into it again (a replay, not a second use)
-        await until(lambda: dm.store.run(lambda: q.table_counts(store, ["batches"])["batches"] == 1))
+        await until(lambda: dm.store_thread.run(lambda: projection.table_counts(store, ["batches"])["batches"] == 1))
         all_fail2, _ = group("hard", [0.0, 0.0, 0.0], t=now + 2)
         mixed2, _ = group("easy", [1.0, 0.0], t=now + 3)
         await send_all(bus, [*all_fail2, *mixed2])
@@ -287,7 +287,7 @@ async def test_clickhouse_projects_the_log_and_malformed_records_still_reach_the
     assert letters[bus.topics.observations, cut.offset].error_type == "DecodeError"
     direct = Store.open_dsn(f"chdb://{chdb_path}", database=f"d{uuid.uuid4().hex[:8]}")
     direct.migrate()
-    q.write_events(direct, [decode(encode(e)) for e in events])     # the Python path, as the consumer decoded
+    projection.write_events(direct, [decode(encode(e)) for e in events])     # the Python path, as the consumer decoded
     tables = {t: rows for t, rows in snapshot(store).items() if t != "dead_letters"}   # it projects its own DLQ
     assert tables == {t: rows for t, rows in snapshot(direct).items() if t != "dead_letters"}
     direct.command(f"DROP DATABASE {direct.database}")

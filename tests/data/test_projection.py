@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dart.data import projection as q
+from dart.data import projection
 from dart.data.rows import ROWS, TABLES, masked_mean, to_row
 from dart.data.schema import MIGRATIONS, Migration, pending
 from dart.data.store import Store, StoreError, parse_dsn
@@ -46,13 +46,13 @@ def test_every_row_function_matches_its_table_columns(store: Store) -> None:
 
 def test_redelivered_events_leave_identical_tables(store: Store) -> None:
     events, _ = group("t", [1.0, 0.0, None])
-    q.write_events(store, events)
+    projection.write_events(store, events)
     once = {t: store.query(f"SELECT * FROM {store.database}.{t} FINAL ORDER BY event_id") for t in TABLES}
-    q.write_events(store, events)
-    q.write_events(store, events[3:7])
+    projection.write_events(store, events)
+    projection.write_events(store, events[3:7])
     twice = {t: store.query(f"SELECT * FROM {store.database}.{t} FINAL ORDER BY event_id") for t in TABLES}
     assert once == twice
-    assert q.table_counts(store, ["requests", "trajectories", "rewards", "actions"]) == {
+    assert projection.table_counts(store, ["requests", "trajectories", "rewards", "actions"]) == {
         "requests": 3, "trajectories": 3, "rewards": 2, "actions": 12}
 
 
@@ -68,23 +68,23 @@ def test_curation_queries_on_a_crafted_history(store: Store) -> None:
     events.append(RewardAssigned(event_id="rs", event_time=T0 + 99_999, run_id="r", producer="eval",
                                  rollout_id=rescored.rollout_id, task_id="a", group_id=rescored.group_id,
                                  reward=1.0, evaluator="synthetic", evaluator_version="2"))
-    q.write_events(store, events)
-    assert q.train_tasks(store, split="train") == [("a", "synthetic"), ("b", "synthetic")]
-    outs = q.recent_outcomes(store, mode="train", oldest_version=0, window=3)
+    projection.write_events(store, events)
+    assert projection.train_tasks(store, split="train") == [("a", "synthetic"), ("b", "synthetic")]
+    outs = projection.recent_outcomes(store, mode="train", oldest_version=0, window=3)
     by_task = {}
     for x in outs:
         by_task.setdefault(x.task_id, []).append(x)
     assert len(by_task["a"]) == 3 and len(by_task["b"]) == 2
-    assert q.success_lengths(store, threshold=0.5) == {"a": [7], "b": [3]}
+    assert projection.success_lengths(store, threshold=0.5) == {"a": [7], "b": [3]}
     # the policy's own successes only: b's 3-step success is an experience trajectory
-    assert q.success_lengths(store, threshold=0.5, online_only=True) == {"a": [7]}
-    pool = q.experience_pool(store, threshold=0.5)
+    assert projection.success_lengths(store, threshold=0.5, online_only=True) == {"a": [7]}
+    pool = projection.experience_pool(store, threshold=0.5)
     assert list(pool) == ["b"] and pool["b"][0].rollout_id == xp.rollout_id
-    groups, requested, templates = q.open_groups(store, mode="train")
+    groups, requested, templates = projection.open_groups(store, mode="train")
     assert sorted(len(g.outcomes) for g in groups) == [2, 5]
     assert all(templates[g.group_id]["task_id"] == g.task_id for g in groups)
     assert requested[e2[0].group_id] == {0: 0, 1: 0}
-    steps = q.steps_of(store, [t1[0].rollout_id])[t1[0].rollout_id]
+    steps = projection.steps_of(store, [t1[0].rollout_id])[t1[0].rollout_id]
     assert [s.step_index for s in steps] == [0, 1, 2, 3]
     assert [h.step_index for h in steps[3].context.history] == [0, 1, 2]
     assert steps[2].mean_entropy == pytest.approx(0.3) and steps[2].policy_version == 3
@@ -94,13 +94,13 @@ def test_curation_queries_on_a_crafted_history(store: Store) -> None:
 def test_load_queries(store: Store) -> None:
     events, _trajs = group("a", [1.0, 0.0], t=T0)
     pending_req = request("a", "g-open", 0, 1, t=T0 + 5000)
-    q.write_events(store, [*events, pending_req, heartbeat("env-1", 4, t=T0), heartbeat("env-2", 2, t=T0)])
-    assert q.in_flight(store, mode="train", since_ms=T0 - 1) == 1
-    assert q.in_flight(store, mode="train", since_ms=T0 + 6000) == 0
-    assert q.known_requests(store, [pending_req.request_id, "nope"]) == {pending_req.request_id}
-    assert sum(b.slots for b in q.heartbeats(store)) == 6
-    assert q.current_version(store) == 0 and q.unconsumed_batches(store) == 0
-    assert q.used_rollouts(store) == (set(), -1)
+    projection.write_events(store, [*events, pending_req, heartbeat("env-1", 4, t=T0), heartbeat("env-2", 2, t=T0)])
+    assert projection.in_flight(store, mode="train", since_ms=T0 - 1) == 1
+    assert projection.in_flight(store, mode="train", since_ms=T0 + 6000) == 0
+    assert projection.known_requests(store, [pending_req.request_id, "nope"]) == {pending_req.request_id}
+    assert sum(b.slots for b in projection.heartbeats(store)) == 6
+    assert projection.current_version(store) == 0 and projection.unconsumed_batches(store) == 0
+    assert projection.used_rollouts(store) == (set(), -1)
 
 
 def test_bad_dsn_and_second_chdb_path_are_clear_errors(store: Store, tmp_path) -> None:
@@ -131,7 +131,7 @@ def test_report_on_a_crafted_history(store: Store, chdb_path, tmp_path) -> None:
                                                           "ratio/abs_dev": 0.02, "ratio/max": 1.3,
                                                           "tis/capped_frac": 0.25, "samples/dropped_ragged": 3,
                                                           "samples/dropped_prompt_hash": 1})
-    q.write_events(store, [*e1, *e2, batch, step, *beats])
+    projection.write_events(store, [*e1, *e2, batch, step, *beats])
     client = clickhouse_connect.get_client(dsn=f"chdb://{chdb_path}", database=store.database)
     report = build_report(lambda sql: client.query(sql).result_rows)
     assert report.success_by_version == [(2, 4, 0.75), (3, 4, 0.25)]
@@ -172,7 +172,7 @@ def test_report_shows_success_and_share_per_shared_instruction(store: Store, chd
     for task_id, rewards, version in (("red1", [1.0, 1.0], 0), ("blue1", [0.0, 0.0], 0), ("solo", [1.0], 0),
                                       ("red2", [1.0, 1.0], 2), ("red2", [1.0, 1.0], 2), ("blue2", [0.0, 1.0], 2)):
         history += group(task_id, rewards, version=version, t=T0 + 1000 * version)[0]
-    q.write_events(store, history)
+    projection.write_events(store, history)
     client = clickhouse_connect.get_client(dsn=f"chdb://{chdb_path}", database=store.database)
     report = build_report(lambda sql: client.query(sql).result_rows)
     # versions 0..2: the first half is v0-v1, the second v2; "solo" is its own task's instruction
@@ -189,12 +189,12 @@ def test_a_redone_rollout_counts_once_and_its_latest_steps_win(store: Store) -> 
     redo = Traj("a", first.group_id, index=1, reward=0.0, steps=5, status="fail", t=first.t + 50_000,
                 request_id=first.request_id, rollout_id=first.rollout_id,
                 entropies=[[0.9, 0.9]] * 5)
-    q.write_events(store, [*events, *redo.events()])
-    groups, _, _ = q.open_groups(store, mode="train")
+    projection.write_events(store, [*events, *redo.events()])
+    groups, _, _ = projection.open_groups(store, mode="train")
     (g,) = groups
     assert sorted(o.rollout_id for o in g.outcomes) == sorted(t.rollout_id for t in trajs)
     assert next(o for o in g.outcomes if o.rollout_id == first.rollout_id).num_steps == 5
-    steps = q.steps_of(store, [first.rollout_id])[first.rollout_id]
+    steps = projection.steps_of(store, [first.rollout_id])[first.rollout_id]
     assert len(steps) == 5 and all(s.mean_entropy == pytest.approx(0.9) for s in steps)
 
 
@@ -238,8 +238,8 @@ def test_filtered_outcome_queries_return_what_the_whole_view_returns(store: Stor
                                               producer="eval", rollout_id=tr.rollout_id, task_id=tr.task_id,
                                               group_id=tr.group_id, reward=rng.choice([0.0, 1.0]),
                                               evaluator="again", evaluator_version="2"))
-    q.write_events(store, history)
-    db, cols = store.database, q._OUTCOME_COLS
+    projection.write_events(store, history)
+    db, cols = store.database, projection._OUTCOME_COLS
 
     def old(name: str, **kw) -> list:
         return store.query(_OLD[name].format(db=db, cols=cols, **kw))
@@ -248,15 +248,15 @@ def test_filtered_outcome_queries_return_what_the_whole_view_returns(store: Stor
         return sorted(outcomes, key=lambda o: o.rollout_id)
 
     for oldest in (0, 4, 9):
-        new = q.recent_outcomes(store, mode="train", oldest_version=oldest, window=3)
-        ref = [q._outcome(r) for r in old("recent", oldest=oldest)]
+        new = projection.recent_outcomes(store, mode="train", oldest_version=oldest, window=3)
+        ref = [projection._outcome(r) for r in old("recent", oldest=oldest)]
         assert by_id(new) == by_id(ref) and len(ref) > 5
-    assert q.success_lengths(store, threshold=0.5) == {r[0]: [int(r[1])] for r in old("lengths")}
-    pool = q.experience_pool(store, threshold=0.5)
-    assert by_id(o for os_ in pool.values() for o in os_) == by_id(q._outcome(r) for r in old("pool")) and pool
-    groups, _, _ = q.open_groups(store, mode="train")
+    assert projection.success_lengths(store, threshold=0.5) == {r[0]: [int(r[1])] for r in old("lengths")}
+    pool = projection.experience_pool(store, threshold=0.5)
+    assert by_id(o for os_ in pool.values() for o in os_) == by_id(projection._outcome(r) for r in old("pool")) and pool
+    groups, _, _ = projection.open_groups(store, mode="train")
     ids = "(" + ", ".join(f"'{g.group_id}'" for g in groups) + ")"
-    assert by_id(o for g in groups for o in g.outcomes) == by_id(q._outcome(r) for r in old("open", groups=ids))
+    assert by_id(o for g in groups for o in g.outcomes) == by_id(projection._outcome(r) for r in old("open", groups=ids))
 
 
 
@@ -272,7 +272,7 @@ def test_a_task_only_an_oracle_solved_keeps_the_full_step_cap(store: Store) -> N
     solved, _ = group("a", [1.0, 0.0], t=T0, steps=8)
     unsolved, _ = group("b", [0.0, 0.0], t=T0, steps=20)
     oracle = Traj("b", "xp-b", reward=1.0, steps=4, status="success", origin="oracle", mode="experience")
-    q.write_events(store, [task("a"), task("b"), *solved, *unsolved, *oracle.events()])
+    projection.write_events(store, [task("a"), task("b"), *solved, *unsolved, *oracle.events()])
     cfg = DataConfig(curation=CurationConfig(max_steps=30, steps_slack=1.5))
     caps = {t.task_id: t.max_steps for t in schedule_inputs(store, cfg, now_ms=T0 + 60_000, pending_requests=set())[0].tasks}
     assert caps == {"a": 12, "b": 30}
@@ -299,7 +299,7 @@ def test_a_pass_from_the_horizon_decides_what_a_whole_read_decides(store: Store)
     kept, kept_trajs = group("a", [1.0, 0.0], t=T0 + 10_000)     # complete and kept, not batched yet
     half, half_trajs = group("b", [None, None], t=T0 + 20_000)   # requested, nothing finished yet
     half = [e for e in half if type(e).__name__ == "RolloutRequested"]
-    q.write_events(store, [task("a"), task("b"), *closed, *failed, *kept, *half])
+    projection.write_events(store, [task("a"), task("b"), *closed, *failed, *kept, *half])
     horizon = Horizon()
 
     def both(now: int):  # a pass from the horizon and a whole read at the same moment
@@ -315,7 +315,7 @@ def test_a_pass_from_the_horizon_decides_what_a_whole_read_decides(store: Store)
     assert first.batchable == 1                                   # the kept group; not the all-success one
     # the kept group is batched: the horizon moves to the group still running
     rollouts = [tr.rollout_id for tr in kept_trajs]
-    q.write_events(store, [BatchAssembled(
+    projection.write_events(store, [BatchAssembled(
         event_id="b1", event_time=T0 + 61_000, run_id="r", producer="dm", batch_id="b-1", seq=0,
         manifest_digest="f" * 64, manifest_bytes=1, num_samples=8, num_groups=1, num_trajectories=2,
         rollout_ids=rollouts, task_ids=["a"], min_policy_version=0, max_policy_version=0, trainer_version=0)])
@@ -325,13 +325,13 @@ def test_a_pass_from_the_horizon_decides_what_a_whole_read_decides(store: Store)
     # it finishes with a longer success than any before: the running maximum takes it
     for tr in half_trajs:
         tr.reward, tr.status, tr.steps, tr.t = 1.0 - tr.index, ("success", "fail")[tr.index], 9, T0 + 63_000
-        q.write_events(store, [e for e in tr.events() if type(e).__name__ in ("TrajectoryFinished", "RewardAssigned")])
+        projection.write_events(store, [e for e in tr.events() if type(e).__name__ in ("TrajectoryFinished", "RewardAssigned")])
     third = both(T0 + 70_000)
     assert third.open_since_ms == T0 + 20_000 and third.load.ready_groups == 1
     assert horizon.lengths == {"a": 4, "b": 9}
     # a request stamped before the horizon is not read again (it is the caller's job, the data
     # manager's, never to move the horizon past a request it sent and has not seen projected)
-    q.write_events(store, [request("b", "g-late", 0, 1, t=T0 + 5_000)])
+    projection.write_events(store, [request("b", "g-late", 0, 1, t=T0 + 5_000)])
     late, _ = schedule_inputs(store, cfg, now_ms=T0 + 71_000, pending_requests=set(), horizon=horizon)
     assert {t.task_id: t.open_groups for t in late.tasks}["b"] == 0
     # where the batcher may put an experience-pool success into an all-fail group, that group
@@ -352,7 +352,7 @@ def test_rates_lengths_and_the_pool_are_read_again_every_stats_every_s_or_on_a_n
     cfg = DataConfig(scheduler=SchedulerConfig(capacity=16, stats_every_s=10.0),
                      curation=CurationConfig(min_failed_steps=0, staleness_bound=100, max_steps=30, steps_slack=1.5))
     first, _ = group("a", [1.0, 0.0], t=T0, steps=4)
-    q.write_events(store, [task("a"), *first])
+    projection.write_events(store, [task("a"), *first])
     slow, horizon = SlowStats(every_ms=10_000), Horizon()
 
     def rates_caps(now: int, kept: SlowStats | None) -> tuple[dict, dict]:
@@ -361,18 +361,18 @@ def test_rates_lengths_and_the_pool_are_read_again_every_stats_every_s_or_on_a_n
 
     assert rates_caps(T0 + 60_000, slow) == ({"a": 0.5}, {"a": 6})
     second, _ = group("a", [1.0, 1.0], t=T0 + 61_000, steps=8)
-    q.write_events(store, second)
+    projection.write_events(store, second)
     assert rates_caps(T0 + 65_000, slow) == ({"a": 0.5}, {"a": 6})           # kept: 5 s old
     assert rates_caps(T0 + 65_000, None) == ({"a": 0.75}, {"a": 12})         # what a read says now
     assert rates_caps(T0 + 70_000, slow) == ({"a": 0.75}, {"a": 12})         # 10 s: read again
     third, _ = group("a", [0.0, 0.0], t=T0 + 71_000, steps=8)
-    q.write_events(store, [*third, weights(1, None, t=T0 + 71_500)])
+    projection.write_events(store, [*third, weights(1, None, t=T0 + 71_500)])
     assert rates_caps(T0 + 72_000, slow) == rates_caps(T0 + 72_000, None)    # a new version: read again
     assert slow.rates_version == 1 and slow.rates_ms == T0 + 72_000
     # the experience pool, the batcher's slow read, the same way
     pooled = DataConfig(curation=CurationConfig(inject_experience=True))
     assert batch_inputs(store, pooled, now_ms=T0 + 80_000, slow=slow).pool == {}
-    q.write_events(store, Traj("a", "xp-a", reward=1.0, steps=3, status="success", origin="oracle",
+    projection.write_events(store, Traj("a", "xp-a", reward=1.0, steps=3, status="success", origin="oracle",
                                mode="experience").events())
     assert batch_inputs(store, pooled, now_ms=T0 + 85_000, slow=slow).pool == {}
     assert list(batch_inputs(store, pooled, now_ms=T0 + 85_000).pool) == ["a"]
@@ -397,7 +397,7 @@ def test_the_report_counts_staleness_over_the_policy_s_own_steps(store: Store, c
         manifest_digest="f" * 64, manifest_bytes=1, num_samples=7, num_groups=1, num_trajectories=3,
         rollout_ids=[*(t.rollout_id for t in trajs), oracle.rollout_id], task_ids=["a"], min_policy_version=4,
         max_policy_version=4, trainer_version=5)
-    q.write_events(store, [task("a"), *online, *oracle.events(), batch])
+    projection.write_events(store, [task("a"), *online, *oracle.events(), batch])
     client = clickhouse_connect.get_client(dsn=f"chdb://{chdb_path}", database=store.database)   # as `dart report`
     assert client.query(STALENESS).result_rows == [(1, 4)]          # 2 rollouts x 2 steps, one version old
     assert build_report(lambda sql: client.query(sql).result_rows).staleness == [(1, 4)]

@@ -21,8 +21,8 @@ SCHED = SchedulerConfig(capacity_factor=1.5)
 CUR = CurationConfig(staleness_bound=2)
 
 
-def plan(tasks, load, retries=(), sched=SCHED, cur=CUR, gpb=2, seed=0):
-    return plan_requests(tasks, load, retries, sched=sched, cur=cur, groups_per_batch=gpb, rng=random.Random(seed))
+def plan(tasks, load, retries=(), scheduler=SCHED, curation=CUR, gpb=2, seed=0):
+    return plan_requests(tasks, load, retries, scheduler=scheduler, curation=curation, groups_per_batch=gpb, rng=random.Random(seed))
 
 
 def test_capacity_sums_slots_of_live_env_workers() -> None:
@@ -88,5 +88,5 @@ def test_no_capacity_means_no_requests() -> None:
 
 def test_several_groups_per_task_when_allowed() -> None:
     p = plan([TaskState("a", "s", 1.0, 30)], Load(capacity=10, in_flight=0),
-             sched=SchedulerConfig(groups_per_task=3))
+             scheduler=SchedulerConfig(groups_per_task=3))
     assert len({r.group_id for r in p.requests}) == 3 and len(p.requests) == 6

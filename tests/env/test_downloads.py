@@ -10,6 +10,7 @@ import pytest
 
 import dart.cli
 from dart.cli import main
+from dart.env import cli as env_cli
 from dart.env.downloads import DownloadCache, MissingDownload, task_urls, url_name
 from dart.env.evaluators import FileContent, evaluate_task
 from dart.env.tasks import Task
@@ -19,7 +20,7 @@ from tests.env.conftest import serve_folder
 
 @pytest.fixture(autouse=True)
 def only_env_commands(monkeypatch):
-    monkeypatch.setattr(dart.cli, "COMMAND_MODULES", ("dart.env.cli",))
+    monkeypatch.setattr(dart.cli, "command_modules", lambda: [env_cli])
 
 
 def task_file(tmp_path: Path, base: str) -> Path:

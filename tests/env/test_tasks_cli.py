@@ -11,6 +11,7 @@ import pytest
 
 import dart.cli
 from dart.cli import main
+from dart.env import cli as env_cli
 from dart.env.cli import DEFAULT_EXAMPLES
 
 OSWORLD = Path(__file__).resolve().parents[3] / "shared" / "data" / "osworld"
@@ -20,7 +21,7 @@ OSWORLD = Path(__file__).resolve().parents[3] / "shared" / "data" / "osworld"
 def only_env_commands(monkeypatch):
     """The real ``dart`` entry point with only this package's commands (other packages' CLIs
     are not this test's business)."""
-    monkeypatch.setattr(dart.cli, "COMMAND_MODULES", ("dart.env.cli",))
+    monkeypatch.setattr(dart.cli, "command_modules", lambda: [env_cli])
 
 
 def test_default_examples_folder_is_found_relative_to_the_repo():

@@ -1,66 +1,19 @@
-"""Pure parts of the env worker: commit watermark, slot clock, statuses, and one episode
+"""Pure parts of the env worker: slot clock, statuses, and one episode
 driven by scripted fakes of the bus (no broker)."""
 
 from __future__ import annotations
 
 import asyncio
-import random
 
 import pytest
 
 from dart.agent.actions import CallUser, Click, Finished, to_wire
 from dart.blobs import LocalBlobStore
-from dart.env.episode import Episode, ReplyTimeout, rollout_id_of
-from dart.env.slots import OffsetWatermark, SlotClock, next_attempt, trajectory_status, utilization
+from dart.env.episode import Episode, ReplyTimeout, RolloutServiceActor, rollout_id_of
+from dart.env.slots import SlotClock, next_attempt, trajectory_status, utilization
 from dart.env.synthetic import SyntheticBackend, generate_tasks, oracle_plan
 from dart.env.tasks import Task
 from dart.events import ActionChosen, ParsedAction, ReplyRoute, RolloutRequested, Sampling, TrajectoryStatus
-
-
-def test_watermark_commits_only_the_contiguous_done_prefix():
-    w = OffsetWatermark()
-    for off in (10, 11, 12, 13):
-        w.track(0, off)
-    assert w.commit_point(0) == 10
-    assert w.complete(0, 12) is None  # 10 and 11 still running
-    assert w.complete(0, 11) is None
-    assert w.complete(0, 10) == 13  # 10..12 done, 13 still running
-    assert w.complete(0, 13) == 14
-    assert w.complete(0, 13) is None  # a duplicate completion changes nothing
-    assert w.commit_point(1) is None
-
-
-def test_watermark_random_out_of_order_completion_never_skips_unfinished_work():
-    rng = random.Random(0)
-    w = OffsetWatermark()
-    offsets = list(range(100, 160, 2))  # gaps between offsets (compaction, markers) are fine
-    for off in offsets:
-        w.track(3, off)
-    order = offsets[:]
-    rng.shuffle(order)
-    done: set[int] = set()
-    last = 100
-    for off in order:
-        done.add(off)
-        point = w.complete(3, off)
-        if point is not None:
-            assert point > last
-            last = point
-        unfinished = [o for o in offsets if o not in done]
-        assert w.commit_point(3) == (min(unfinished) if unfinished else offsets[-1] + 1)
-        assert all(o in done for o in offsets if o < w.commit_point(3))
-    assert last == offsets[-1] + 1
-
-
-def test_watermark_forgets_revoked_partitions_and_rejects_reordered_tracking():
-    w = OffsetWatermark()
-    w.track(0, 5)
-    w.track(1, 7)
-    w.forget([0])
-    assert w.complete(0, 5) is None and w.commit_point(0) is None
-    assert w.in_flight() == 1
-    with pytest.raises(ValueError, match="out of order"):
-        w.track(1, 6)
 
 
 def test_slot_clock_counts_busy_and_idle_slot_seconds():
@@ -129,10 +82,12 @@ SAMPLING = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=8, seed=1)
 def _episode(task_dict, inbox, tmp_path, max_steps=5):
     req = RolloutRequested.new(run_id="r", producer="p", request_id="req", task_id=task_dict["id"], group_id="g",
                                rollout_index=0, group_size=1, max_steps=max_steps, attempt=2, sampling=SAMPLING)
-    ep = Episode(req=req, task=Task.from_dict(task_dict, domain="synthetic"), backend=SyntheticBackend(), slot=0,
-                 worker_id="w", run_id="r", reply_timeout_s=0.2)
+    task = Task.from_dict(task_dict, domain="synthetic")
+    ep = Episode(task=task, instruction=task.instruction, backend=SyntheticBackend(), max_steps=max_steps)
     producer = RecordingProducer()
-    return ep, producer, {"producer": producer, "inbox": inbox, "store": LocalBlobStore(tmp_path / "b")}
+    actor = RolloutServiceActor(req=req, slot=0, worker_id="w", run_id="r", producer=producer, inbox=inbox,
+                                reply_timeout_s=0.2)
+    return ep, producer, {"actor": actor, "store": LocalBlobStore(tmp_path / "b")}
 
 
 def _check_then_ok():
@@ -145,7 +100,8 @@ async def test_episode_runs_several_actions_of_one_answer_in_order(tmp_path):
     ep, producer, io = _episode(task, ScriptedInbox([both]), tmp_path)
     await ep.run(**io)
     assert (ep.num_steps, ep.finish_reason, ep.score) == (1, "env_done", 1.0)
-    assert ep.rollout_id == rollout_id_of(ep.req) == "req.2"
+    assert io["actor"].rollout_id == rollout_id_of(io["actor"].req) == "req.2"
+    assert {e.rollout_id for e in producer.sent} == {"req.2"}
     assert [e.step_index for e in producer.sent] == [0]
 
 

@@ -1,7 +1,7 @@
 """What the guest agent does to the X display it serves: the I/O half of the agent.
 
 Everything here runs programs as argv lists (never a shell) with ``DISPLAY`` set to the
-agent's display. Typed actions go through :mod:`dart.env.xdesktop.input`, the same code the
+agent's display. Typed actions go through :mod:`dart.env.xdotool`, the same code the
 xdesktop backend uses, so a click means the same thing in a VM and on a local desktop.
 """
 
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from dart.agent.actions import Action
-from dart.env.xdesktop import input as xinput
+from dart.env import xdotool
 from dart.errors import EnvError, ToolMissing
 
 log = logging.getLogger(__name__)
@@ -77,9 +77,9 @@ class Desktop:
     async def act(self, action: Action) -> int:
         """Turn one typed action into input events on this display; returns how many xdotool
         commands ran (0 for actions without input). An unknown key is
-        :class:`dart.env.xdesktop.input.UnknownKey` (the caller answers "nothing done")."""
-        argvs = xinput.xdotool_argvs(action, screen=await self.screen_size())
-        await xinput.run_argvs(argvs, env=self.env)
+        :class:`dart.env.xdotool.UnknownKey` (the caller answers "nothing done")."""
+        argvs = xdotool.xdotool_argvs(action, screen=await self.screen_size())
+        await xdotool.run_argvs(argvs, env=self.env)
         return len(argvs)
 
     async def run(self, argv: list[str] | tuple[str, ...], *, timeout_s: float) -> RunResult:

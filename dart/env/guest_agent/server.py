@@ -33,7 +33,7 @@ from aiohttp import web
 from dart.agent.actions import InvalidAction
 from dart.env.guest_agent import protocol
 from dart.env.guest_agent.desktop import Desktop
-from dart.env.xdesktop.input import UnknownKey
+from dart.env.xdotool import UnknownKey
 from dart.errors import ConfigError, DartError
 
 log = logging.getLogger(__name__)

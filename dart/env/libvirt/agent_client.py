@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 
 from dart.agent.actions import Action, to_wire
+from dart.env import xdotool
 from dart.env.backend import CommandResult
 from dart.env.guest_agent.protocol import TOKEN_HEADER, action_body
-from dart.env.xdesktop import input as xinput
 from dart.errors import EnvError
 
 log = logging.getLogger(__name__)
@@ -139,8 +139,8 @@ class AgentClient:
             log.info("guest agent %s has no /action (a stock OSWorld server): sending xdotool argv", self.base_url)
             self._has_action_endpoint = False
         try:
-            argvs = xinput.xdotool_argvs(action, screen=await self.screen_size())
-        except xinput.UnknownKey:
+            argvs = xdotool.xdotool_argvs(action, screen=await self.screen_size())
+        except xdotool.UnknownKey:
             return
         for argv in argvs:
             res = await self.execute(list(argv))

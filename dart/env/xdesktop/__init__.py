@@ -11,9 +11,9 @@ Public API::
 from dart.env.xdesktop.backend import XDesktopBackend, XDesktopConfig
 from dart.env.xdesktop.display import XDisplay, require_tools
 from dart.env.xdesktop.getters import register as register_evaluators
-from dart.env.xdesktop.input import KEYSYMS, UnknownKey, key_combo, keysym, run_argvs, xdotool_argvs
 from dart.env.xdesktop.oracle import PLANS, local_tasks, oracle_plan
 from dart.env.xdesktop.setup import SETUP_TYPES, TASKS_DIR, resolve_path
+from dart.env.xdotool import KEYSYMS, UnknownKey, key_combo, keysym, run_argvs, xdotool_argvs
 
 __all__ = [
     "KEYSYMS",

@@ -3,7 +3,7 @@
 Each slot owns a folder with a ``home`` (the HOME of every app it starts; wiped on reset) and a
 LibreOffice profile (kept across resets, so Calc starts in ~3 s instead of building a profile).
 Reset stops the previous task's apps, empties the home and runs the task's setup steps;
-actions become xdotool commands (:mod:`dart.env.xdesktop.input`); screenshots come from the X
+actions become xdotool commands (:mod:`dart.env.xdotool`); screenshots come from the X
 server. ``read_file`` and ``run_command`` act on this machine's files and processes, with the
 slot's DISPLAY and HOME.
 """
@@ -24,7 +24,6 @@ from dart.env.backend import CommandResult, EnvBackend, Health, Observation
 from dart.env.downloads import DownloadCache
 from dart.env.tasks import Task
 from dart.env.xdesktop.display import XDisplay
-from dart.env.xdesktop.input import UnknownKey, run_argvs, xdotool_argvs
 from dart.env.xdesktop.setup import (
     TASKS_DIR,
     SetupRunner,
@@ -33,6 +32,7 @@ from dart.env.xdesktop.setup import (
     resolve_path,
     seed_office_profile,
 )
+from dart.env.xdotool import UnknownKey, run_argvs, xdotool_argvs
 from dart.errors import EnvError
 
 log = logging.getLogger(__name__)

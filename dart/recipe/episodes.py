@@ -1,11 +1,9 @@
-"""In-process synthetic episodes with an inference engine: the env worker's loop without the bus.
+"""Episodes of the one-process recipe: the env worker's episode loop with the policy in process.
 
-An episode follows :class:`dart.env.episode.Episode`: reset, then per turn the screenshot goes
-to the blob store, the prompt is built from it and the history (``dart.agent.prompt``, as
-the rollout worker builds it), the engine answers, the answer is parsed in the rollout
-worker's frame, and its actions run until the screen reports ``done`` or a terminal action
-comes; at most ``max_steps`` turns; then the task's own evaluator scores it. Used by the
-learnability recipe (:mod:`dart.stack.recipe`) for held-out evaluation and RL rollouts.
+An episode is :class:`dart.env.episode.Episode` (the one episode loop) on a synthetic backend,
+its actor a :class:`dart.agent.decide.EngineActor` over an inference engine: every turn is the
+rollout worker's policy step (:func:`dart.agent.decide.decide`) without the bus. Used by the
+warm start's checks, held-out evaluation and the one-process learner (:mod:`dart.recipe.learn`).
 """
 
 from __future__ import annotations
@@ -14,37 +12,21 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from dart.agent.actions import TERMINAL_KINDS, Action, InvalidAction
-from dart.agent.prompt import blob_image_loader, build_messages, prompt_hash
-from dart.agent.uitars import parse_actions
+from dart.agent.decide import EngineActor, Generator
+from dart.agent.prompt import blob_image_loader
 from dart.blobs import BlobStore
 from dart.config import progress
+from dart.data.batcher import StepRecord
+from dart.data.rows import masked_mean
+from dart.env.episode import Episode
 from dart.env.synthetic import SyntheticBackend
-from dart.events import HistoryTurn, Sampling
-from dart.events.manifest import PromptContext
+from dart.events import Sampling
 
 if TYPE_CHECKING:
     from dart.agent.model import Policy
-    from dart.rollout.engine import GenerateRequest, Generation
-    from dart.stack.recipe import Recipe
-
-
-class Answerer(Protocol):
-    """What an episode needs of an engine (``dart.rollout.engine.Engine`` has it)."""
-
-    async def generate(self, request: GenerateRequest) -> Generation: ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class Step:
-    context: PromptContext
-    prompt_hash: str
-    token_ids: list[int]
-    logprobs: list[float]
-    entropies: list[float]
-    text: str
+    from dart.recipe.config import Recipe
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +34,8 @@ class Trajectory:
     task_id: str
     group_id: str
     rollout_id: str
-    steps: list[Step]
+    steps: list[StepRecord]
+    """Each turn as the data manager's projection holds it (what the batch builder takes)."""
     reward: float
     finish_reason: str
     """env_done | finished | call_user | max_steps (as ``Episode.finish_reason``)."""
@@ -71,48 +54,28 @@ def sampling_seed(*parts: int) -> int:
     return random.Random(":".join(map(str, parts))).getrandbits(31)
 
 
-async def run_episode(engine: Answerer, task: dict[str, Any], *, store: BlobStore, recipe: Recipe,
+async def run_episode(engine: Generator, task: dict[str, Any], *, store: BlobStore, recipe: Recipe,
                       sampling: Callable[[int], Sampling], group_id: str, rollout_id: str) -> Trajectory:
     """One trajectory of ``task``; ``sampling(i)`` gives turn i's sampling parameters."""
-    from dart.rollout.engine import GenerateRequest
-
-    load = blob_image_loader(store)
+    actor = EngineActor(engine, load_image=blob_image_loader(store), prompt=recipe.prompt,
+                        convention=recipe.convention, sampling=sampling)
     backend = SyntheticBackend()
-    obs = await backend.reset(task)
-    history: list[HistoryTurn] = []
-    steps: list[Step] = []
-    final: Action | None = None
-    reason = "max_steps"
-    while len(steps) < recipe.max_steps and reason == "max_steps":
-        i = len(steps)
-        digest = store.put(obs.screenshot_png)
-        ctx = PromptContext(instruction=task["instruction"], step_index=i, screenshot_digest=digest,
-                            screen_width=obs.width, screen_height=obs.height, history=list(history))
-        messages, images = build_messages(ctx, load, recipe.prompt)
-        gen = await engine.generate(GenerateRequest(messages=messages, images=images, sampling=sampling(i)))
-        steps.append(Step(context=ctx, prompt_hash=prompt_hash(gen.prompt_token_ids or []),
-                          token_ids=list(gen.token_ids), logprobs=list(gen.logprobs),
-                          entropies=list(gen.entropies), text=gen.text))
-        history.append(HistoryTurn(step_index=i, screenshot_digest=digest, response_text=gen.text))
-        actions = parse_actions(gen.text, screen=(obs.width, obs.height), convention=recipe.convention,
-                                min_pixels=recipe.prompt.min_pixels, max_pixels=recipe.prompt.max_pixels)
-        for action in actions:
-            if isinstance(action, InvalidAction):
-                continue  # model text that is not an action: the turn does nothing
-            if action.kind in TERMINAL_KINDS:
-                final, reason = action, action.kind
-                break
-            obs = await backend.step(action)
-            if obs.info.get("done"):
-                reason = "env_done"
-                break
-    score, _ = await backend.evaluate(task, final_action=final)
-    await backend.close()
+    episode = Episode(task=task, instruction=task["instruction"], backend=backend, max_steps=recipe.max_steps)
+    try:
+        await episode.run(actor, store=store)
+    finally:
+        await backend.close()
+    steps = [StepRecord(rollout_id=rollout_id, step_index=ctx.step_index, context=ctx, prompt_hash=d.prompt_hash,
+                        response_token_ids=list(d.generation.token_ids), logprobs=list(d.generation.logprobs),
+                        entropies=list(d.generation.entropies),
+                        mean_entropy=masked_mean(d.generation.entropies, len(d.generation.token_ids)),
+                        policy_version=d.policy_version)
+             for ctx, d in actor.turns]
     return Trajectory(task_id=task["id"], group_id=group_id, rollout_id=rollout_id, steps=steps,
-                      reward=float(score), finish_reason=reason)
+                      reward=float(episode.score or 0.0), finish_reason=episode.finish_reason)
 
 
-async def evaluate_async(engine: Answerer, tasks: Sequence[dict[str, Any]], episodes: int, *, store: BlobStore,
+async def evaluate_async(engine: Generator, tasks: Sequence[dict[str, Any]], episodes: int, *, store: BlobStore,
                          recipe: Recipe, phase: int = 0, outcomes: list[tuple[dict[str, Any], bool]] | None = None
                          ) -> float:
     """Held-out success rate over ``episodes`` concurrent episodes (tasks cycled) at the eval temperature;
@@ -173,7 +136,7 @@ def evaluate(policy: Policy, tasks: Sequence[dict[str, Any]], episodes: int, *, 
     return asyncio.run(main())
 
 
-async def rollout_groups(engine: Answerer, tasks: Sequence[dict[str, Any]], *, store: BlobStore, recipe: Recipe,
+async def rollout_groups(engine: Generator, tasks: Sequence[dict[str, Any]], *, store: BlobStore, recipe: Recipe,
                          update: int) -> list[Trajectory]:
     """``group_size`` concurrent rollouts of each task at the rollout temperature (a GRPO group per task)."""
     def sampling_of(k: int, r: int) -> Callable[[int], Sampling]:

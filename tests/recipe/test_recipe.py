@@ -12,14 +12,16 @@ import pytest
 from dart.agent.actions import Click
 from dart.agent.prompt import PromptConfig
 from dart.agent.uitars import parse_actions
+from dart.data.batcher import StepRecord
 from dart.env.synthetic import generate_tasks, oracle_plan, screen_of
 from dart.errors import ConfigError
 from dart.events import Sampling
+from dart.events.manifest import PromptContext
+from dart.recipe.config import Recipe, make_tasks
+from dart.recipe.episodes import Trajectory, eval_schedule, run_episode, sampling_seed
+from dart.recipe.learn import batch_of, run_recipe
+from dart.recipe.warmstart import demo_tasks, oracle_text, template_of
 from dart.rollout.engine import GenerateRequest, Generation
-from dart.stack.episodes import Trajectory, eval_schedule, run_episode, sampling_seed
-from dart.stack.learn import injected_samples, mixed_groups, run_recipe
-from dart.stack.recipe import Recipe, make_tasks
-from dart.stack.warmstart import demo_tasks, oracle_text, template_of
 
 TINY = generate_tasks(6, preset="tiny", seed=0)
 CLICK_TASK = next(t for t in TINY if len(oracle_plan(t)) == 1)
@@ -69,7 +71,7 @@ def test_recipe_refuses_a_target_success_outside_0_1() -> None:
     assert Recipe(sft_target_success=1.0).sft_target_success == 1.0
 
 
-def test_injected_oracle_solution_joins_each_all_fail_group_only(tmp_path: Path) -> None:
+def test_an_all_fail_group_gets_the_oracle_solution_in_place_of_one_failure(tmp_path: Path) -> None:
     from dart.agent.model import load_policy
     from dart.agent.tiny import build_tiny
     from dart.blobs import LocalBlobStore
@@ -78,10 +80,15 @@ def test_injected_oracle_solution_joins_each_all_fail_group_only(tmp_path: Path)
     by_id = {t["id"]: t for t in (CLICK_TASK, TWO_STEP_TASK)}
     trajectories = [_traj("fail", "a", 0.0, TWO_STEP_TASK["id"]), _traj("fail", "b", 0.0, TWO_STEP_TASK["id"]),
                     _traj("mixed", "c", 1.0, CLICK_TASK["id"]), _traj("mixed", "d", 0.0, CLICK_TASK["id"])]
-    samples = injected_samples(trajectories, by_id, policy, LocalBlobStore(tmp_path / "blobs"), Recipe(), update=3)
-    assert [s.step_index for s in samples] == [0, 1]  # the two oracle steps of the failed task
-    assert {(s.group_id, s.rollout_id, s.task_id, s.reward, s.sft, s.origin, s.policy_version) for s in samples} == {
-        ("fail", "oracle:fail", TWO_STEP_TASK["id"], 1.0, True, "oracle", 3)}
+    manifest = batch_of(trajectories, update=3, recipe=Recipe(inject_experience=True), policy=policy,
+                        store=LocalBlobStore(tmp_path / "blobs"), tasks=by_id)
+    oracle = [s for s in manifest.samples if s.origin == "oracle"]
+    assert [s.step_index for s in oracle] == [0, 1]  # the two oracle steps of the failed task
+    assert {(s.group_id, s.rollout_id, s.task_id, s.reward, s.sft, s.policy_version) for s in oracle} == {
+        ("fail", "oracle:fail", TWO_STEP_TASK["id"], 1.0, True, 3)}
+    # the data manager's rule: the injected success replaces the group's last failure
+    assert {s.rollout_id for s in manifest.samples} == {"a", "oracle:fail", "c", "d"}
+    assert manifest.stats["injected"] == 1.0 and manifest.stats["dropped_rollouts/replaced"] == 1.0
 
 
 def test_oracle_text_parses_back_to_the_oracle_action() -> None:
@@ -108,7 +115,7 @@ def test_shuffled_chunks_are_full_fresh_shuffles_every_pass() -> None:
     import itertools
     import random
 
-    from dart.stack.warmstart import shuffled_chunks
+    from dart.recipe.warmstart import shuffled_chunks
 
     chunks = list(itertools.islice(shuffled_chunks(list(range(10)), 4, random.Random(0)), 6))
     assert all(len(c) == 4 for c in chunks)  # 10 items: two chunks a pass, the short third left out
@@ -120,7 +127,7 @@ def test_shuffled_chunks_are_full_fresh_shuffles_every_pass() -> None:
 
 def test_sft_stops_at_the_first_check_that_reaches_its_target(tmp_path: Path, monkeypatch) -> None:
     """The check is a seam: scripted success rates stand in for greedy episodes of the policy."""
-    import dart.stack.warmstart as warmstart
+    import dart.recipe.warmstart as warmstart
     from dart.blobs import LocalBlobStore
 
     scripted, calls = iter([0.2, 0.6, 0.9]), []
@@ -146,7 +153,7 @@ def test_sft_stops_at_the_first_check_that_reaches_its_target(tmp_path: Path, mo
 def test_sft_checks_closer_once_success_leaves_zero(tmp_path: Path, monkeypatch) -> None:
     """Coarse checks every 6 steps while success is 0, every 2 once a check scored above zero
     (and still every 2 after a later check at zero)."""
-    import dart.stack.warmstart as warmstart
+    import dart.recipe.warmstart as warmstart
     from dart.blobs import LocalBlobStore
 
     scripted = iter([0.0, 0.0, 0.1, 0.0, 0.2, 0.4])
@@ -171,7 +178,7 @@ def test_sft_that_misses_its_target_keeps_the_best_checks_weights(tmp_path: Path
     """Checks at steps 3, 6, 9 score 0.2, 0.4, 0.0 (target 0.9): the warm start is step 6's model."""
     import torch
 
-    import dart.stack.warmstart as warmstart
+    import dart.recipe.warmstart as warmstart
     from dart.agent.model import load_policy
     from dart.blobs import LocalBlobStore
 
@@ -209,13 +216,24 @@ def test_sampling_seeds_differ_per_episode_and_step_and_repeat_per_key() -> None
 
 
 def _traj(group: str, rid: str, reward: float, task_id: str = "t") -> Trajectory:
-    return Trajectory(task_id=task_id, group_id=group, rollout_id=rid, steps=[], reward=reward, finish_reason="env_done")
+    """A one-step trajectory (its step's screenshot is never read: batches are only built here)."""
+    ctx = PromptContext(instruction="click", step_index=0, screenshot_digest="0" * 64, screen_width=112,
+                        screen_height=112)
+    step = StepRecord(rollout_id=rid, step_index=0, context=ctx, prompt_hash="h", response_token_ids=[1, 2],
+                      logprobs=[-0.5, -0.5], entropies=[0.3, 0.3], mean_entropy=0.3, policy_version=0)
+    return Trajectory(task_id=task_id, group_id=group, rollout_id=rid, steps=[step], reward=reward,
+                      finish_reason="env_done")
 
 
-def test_mixed_groups_keep_only_groups_whose_rewards_differ() -> None:
+def test_the_batch_keeps_only_groups_with_a_success_and_a_failure_as_the_data_manager_does() -> None:
     trajectories = [_traj("all-ok", "a", 1.0), _traj("all-ok", "b", 1.0), _traj("mixed", "c", 1.0),
                     _traj("mixed", "d", 0.0), _traj("all-bad", "e", 0.0), _traj("all-bad", "f", 0.0)]
-    assert [t.rollout_id for t in mixed_groups(trajectories)] == ["c", "d"]
+    manifest = batch_of(trajectories, update=0, recipe=Recipe())
+    assert [s.rollout_id for s in manifest.samples] == ["c", "d"]
+    assert [s.reward for s in manifest.samples] == [1.0, 0.0]
+    assert (manifest.stats["dropped_groups/all_success"], manifest.stats["dropped_groups/all_fail"]) == (1.0, 1.0)
+    kept_all = batch_of(trajectories, update=0, recipe=Recipe(drop_uniform_groups=False))
+    assert [s.rollout_id for s in kept_all.samples] == ["a", "b", "c", "d", "e", "f"]
 
 
 @dataclass
@@ -297,7 +315,7 @@ def test_recipe_refuses_a_negative_eval_every() -> None:
 
 def test_evaluation_outcomes_give_success_per_instruction(tmp_path: Path) -> None:
     from dart.blobs import LocalBlobStore
-    from dart.stack.episodes import evaluate_async, success_by_instruction
+    from dart.recipe.episodes import evaluate_async, success_by_instruction
 
     clicks = [t for t in generate_tasks(60, preset="tiny", seed=0) if len(oracle_plan(t)) == 1]
     a = clicks[0]
@@ -316,7 +334,7 @@ def test_evaluation_outcomes_give_success_per_instruction(tmp_path: Path) -> Non
 
 
 def test_success_by_instruction_counts_distinct_tasks_and_orders_by_them() -> None:
-    from dart.stack.episodes import success_by_instruction
+    from dart.recipe.episodes import success_by_instruction
 
     red = [{"id": f"r{i}", "instruction": "Click the red button."} for i in range(3)]
     blue = [{"id": f"b{i}", "instruction": "Click the blue button."} for i in range(2)]

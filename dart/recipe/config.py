@@ -2,8 +2,8 @@
 frozen config, and the tasks it draws.
 
 ``dart up`` reads it from a config file's ``recipe:`` section; the one-process run
-(:mod:`dart.stack.learn`), the warm start (:mod:`dart.stack.warmstart`) and evaluation
-(:mod:`dart.stack.episodes`) all take it. Defaults are the recipe that learns.
+(:mod:`dart.recipe.learn`), the warm start (:mod:`dart.recipe.warmstart`) and evaluation
+(:mod:`dart.recipe.episodes`) all take it. Defaults are the recipe that learns.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Literal
 from dart.agent.prompt import PromptConfig
 from dart.agent.tiny import TinySize
 from dart.config import require
+from dart.data.config import CurationConfig
 from dart.env.synthetic import generate_tasks
 from dart.train.loss import LossConfig
 
@@ -146,6 +147,21 @@ class Recipe:
                 f"must be >= 1 or null, got {self.sft_fine_check_every}")
         require(self.sft_target_success is None or 0.0 < self.sft_target_success <= 1.0, "sft_target_success",
                 f"must be in (0, 1] or null, got {self.sft_target_success}")
+
+
+def curation_section(recipe: Recipe) -> dict[str, Any]:
+    """The data manager's ``curation`` settings for this recipe: ``dart up`` writes them into the
+    data manager's config, and the one-process learner judges its groups and builds its batches
+    with them (:func:`curation_config`), so both curate alike. Rewards here are 0 or 1: a success
+    is a full reward; every failed trajectory counts, however short (episodes are a few steps)."""
+    return {"n_default": recipe.group_size, "max_steps": recipe.max_steps, "min_steps": min(2, recipe.max_steps),
+            "success_threshold": 1.0, "min_failed_steps": 0,
+            "entropy_top_fraction": recipe.loss.entropy_top_frac}
+
+
+def curation_config(recipe: Recipe) -> CurationConfig:
+    """:func:`curation_section` as the config, with the recipe's experience injection."""
+    return CurationConfig(**curation_section(recipe), inject_experience=recipe.inject_experience)
 
 
 def make_tasks(recipe: Recipe) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -28,8 +28,8 @@ from dart.env.synthetic import oracle_trace, render_png, screen_of
 from dart.errors import ConfigError
 from dart.events import HistoryTurn
 from dart.events.manifest import BatchManifest, PromptContext, Sample
-from dart.stack.episodes import evaluate
-from dart.stack.recipe import Recipe
+from dart.recipe.config import Recipe
+from dart.recipe.episodes import evaluate
 
 Log = Callable[[str], None]
 

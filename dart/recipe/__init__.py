@@ -1,0 +1,8 @@
+"""The learning recipe in one process: its knobs (:mod:`dart.recipe.config`), the warm start
+(:mod:`dart.recipe.warmstart`), episodes and held-out evaluation with an in-process engine
+(:mod:`dart.recipe.episodes`), the one-process learner (:mod:`dart.recipe.learn`), and re-running
+a logged decision or update (:mod:`dart.recipe.debug`).
+
+Like ``dart.stack`` it sits above the services and calls their code in process; ``dart.stack``
+composes the services as processes and uses this package for the warm start and evaluation.
+"""

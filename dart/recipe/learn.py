@@ -1,0 +1,218 @@
+"""The learning recipe in one process: SFT warm start, then step-wise GRPO, on synthetic tasks.
+
+This is the proof that the tiny Qwen2.5-VL policy learns with dart's own parts, and the source
+of the numbers the asynchronous stack (``make run``) must use to learn the same way. It calls
+exactly what the services call — the prompt builder and the ``hf`` engine of the rollout
+workers, the UI-TARS parser, the synthetic backend and its evaluator, the trainer's batch
+preparation, loss and update, and ``dart train --sft`` — wired in-process without the bus::
+
+    init = build_tiny(...)                                   # random-weight policy
+    warm = run_sft(oracle_samples(train tasks))              # partial: stops at a target success
+    evaluate(warm, eval tasks)                               # held-out success, >= 200 episodes
+    for each update:                                         # step-wise GRPO
+        trajectories = rollout_groups(engine, G rollouts of N train tasks)
+        apply_update(engine, batch_of(trajectories), loss)    # the data manager's curation and batch
+    evaluate(final, eval tasks)
+
+Episodes (:mod:`dart.recipe.episodes`) run the env worker's episode loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from dart.agent.model import Policy, load_policy, save_policy
+from dart.agent.prompt import blob_image_loader
+from dart.blobs import BlobStore, LocalBlobStore
+from dart.data.batcher import BatchPlan, StepRecord, build_manifest
+from dart.data.curation import GroupVerdict, Outcome, judge_group
+from dart.events.manifest import BatchManifest
+from dart.recipe.config import Recipe, curation_config, make_tasks
+from dart.recipe.episodes import Trajectory, evaluate, evaluate_async, rollout_groups
+from dart.recipe.warmstart import Log, oracle_samples, warm_start
+
+
+def outcome_of(t: Trajectory, index: int, *, update: int) -> Outcome:
+    """A trajectory of update ``update`` as curation sees it (the data manager's row of it)."""
+    return Outcome(rollout_id=t.rollout_id, task_id=t.task_id, group_id=t.group_id,
+                   status="success" if t.reward >= 1.0 else "fail", reward=t.reward, num_steps=len(t.steps),
+                   min_version=update, max_version=update, rollout_index=index)
+
+
+def oracle_experience(task: dict[str, Any], group_id: str, policy: Policy, store: BlobStore, recipe: Recipe, *,
+                      update: int) -> tuple[Outcome, list[StepRecord]]:
+    """The task's oracle solution as an experience-pool entry for group ``group_id`` (reward 1)."""
+    rollout_id = f"oracle:{group_id}"
+    steps = [StepRecord(rollout_id=rollout_id, step_index=s.step_index, context=s.context, prompt_hash=s.prompt_hash,
+                        response_token_ids=s.response_token_ids, logprobs=s.rollout_logprobs, entropies=s.entropies,
+                        mean_entropy=0.0, policy_version=update)
+             for s in oracle_samples([task], policy, store, recipe)]
+    outcome = Outcome(rollout_id=rollout_id, task_id=task["id"], group_id=group_id, status="success", reward=1.0,
+                      num_steps=len(steps), min_version=update, max_version=update, origin="oracle")
+    return outcome, steps
+
+
+def batch_of(trajectories: Sequence[Trajectory], *, update: int, recipe: Recipe, policy: Policy | None = None,
+             store: BlobStore | None = None, tasks: dict[str, dict[str, Any]] | None = None) -> BatchManifest:
+    """The update's batch, built as the data manager builds one (:func:`dart.data.curation.judge_group`,
+    :func:`dart.data.batcher.build_manifest`) with the curation settings ``dart up`` gives it
+    (:func:`~dart.recipe.config.curation_config`): a group is kept when it holds a success and a
+    failure (``drop_uniform_groups``; off: every group is kept); with ``inject_experience`` an
+    all-fail group gets its task's oracle solution in place of one failure (``policy``, ``store``
+    and ``tasks`` build it)."""
+    curation = curation_config(recipe)
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group_id, []).append(t)
+    steps = {t.rollout_id: [s for s in t.steps if s.response_token_ids] for t in trajectories}
+    kept: list[GroupVerdict] = []
+    dropped: Counter[str] = Counter()
+    for group_id, members in groups.items():
+        task_id = members[0].task_id
+        outcomes = [outcome_of(t, i, update=update) for i, t in enumerate(members)]
+        if not recipe.drop_uniform_groups:
+            kept.append(GroupVerdict(group_id, task_id, tuple(outcomes)))
+            continue
+        pool: list[Outcome] = []
+        if curation.inject_experience and tasks is not None and all(o.reward < 1.0 for o in outcomes):
+            assert policy is not None and store is not None, "injecting experience needs the policy and the store"
+            oracle, oracle_steps = oracle_experience(tasks[task_id], group_id, policy, store, recipe, update=update)
+            pool.append(oracle)
+            steps[oracle.rollout_id] = oracle_steps
+        verdict = judge_group(group_id, task_id, outcomes, pool=pool, current_version=update, cfg=curation)
+        if verdict.is_kept:
+            kept.append(verdict)
+        else:
+            dropped[verdict.reason] += 1
+    return build_manifest(BatchPlan(tuple(kept), dict(dropped)), steps, run_id="recipe", seq=update, curation=curation)
+
+
+def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Trajectory], *, store: BlobStore,
+              recipe: Recipe, update: int, tasks: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:
+    """One GRPO update on the trajectories, through the trainer's own batch preparation and update."""
+    from dart.train.batch import micro_batches, prepare_samples, step_mask
+    from dart.train.update import apply_update
+
+    manifest = batch_of(trajectories, update=update, recipe=recipe, policy=policy, store=store, tasks=tasks)
+    if not manifest.samples:
+        return {"samples": 0.0}
+    kept, dropped = prepare_samples(manifest, tokenizer=policy.tokenizer,
+                                    image_processor=policy.image_processor, load_image=blob_image_loader(store),
+                                    prompt_cfg=recipe.prompt, check_hash=True,
+                                    step_weight=recipe.loss.step_weight)
+    if broken := [d for d in dropped if d.reason != "vision_token"]:
+        raise RuntimeError(f"{len(broken)} samples dropped ({broken[0].reason}: {broken[0].detail}): the "
+                           "trainer must rebuild the rollout prompts exactly")
+    batches = micro_batches(kept, step_mask(kept, recipe.loss.entropy_top_frac), size=recipe.micro_batch,
+                            pad_id=policy.pad_token_id)
+    policy.model.train()
+    result = apply_update(engine, batches, recipe.loss, ref, epochs=recipe.ppo_epochs,
+                          minibatches=recipe.ppo_minibatches)
+    policy.model.eval()
+    means = result.stats.means()
+    return {"samples": float(result.num_samples), "grad_norm": result.grad_norm,
+            "loss": means.get("loss/total", 0.0), "kl": means.get("loss/kl", 0.0),
+            "entropy": means.get("entropy/mean", 0.0)}
+
+
+def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: Path | None = None) -> dict[str, Any]:
+    """Build, warm-start, evaluate, train with RL, evaluate again; returns the numbers.
+
+    Keys: warm_success, rl_success, delta, eval_episodes, train_success (rollout success per
+    update), updates (per-update stats), recipe, and wall seconds per phase (sft_s, eval_warm_s,
+    rl_s, eval_rl_s, total_s). The warm start is in ``workdir/warm``, the RL policy in
+    ``workdir/final``. ``warm``: start RL from this policy directory instead (no build, no SFT),
+    to study RL settings on one warm start.
+    """
+    import torch
+
+    from dart.train.config import EngineConfig, OptimConfig
+    from dart.train.engine import ReferencePolicy, TorchEngine
+
+    t_all = time.perf_counter()
+    torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+    workdir = Path(workdir)
+    store = open_workdir(workdir)
+    train, held_out = make_tasks(recipe)
+    out: dict[str, Any] = {"eval_episodes": recipe.eval_episodes, "recipe": asdict(recipe)}
+
+    t0 = time.perf_counter()
+    warm_dir = warm or warm_start(recipe, workdir, store, train, log)
+    out["sft_s"] = elapsed(t0)
+    policy = load_policy(warm_dir)
+    t0 = time.perf_counter()
+    out["warm_success"] = evaluate(policy, held_out, recipe.eval_episodes, store=store, recipe=recipe, phase=1)
+    out["eval_warm_s"] = elapsed(t0)
+    log(f"warm start: held-out success {out['warm_success']:.3f} over {recipe.eval_episodes} episodes "
+        f"(sft {out['sft_s']} s, eval {out['eval_warm_s']} s)")
+
+    t0 = time.perf_counter()
+    engine = TorchEngine(policy.model, OptimConfig(lr=recipe.rl_lr, weight_decay=recipe.weight_decay,
+                                                   max_grad_norm=recipe.max_grad_norm),
+                         EngineConfig(device="cpu", threads=recipe.threads))
+    ref = (ReferencePolicy(copy.deepcopy(policy.model), engine.device, engine.dtype)
+           if recipe.loss.kl_coef > 0 else None)
+    out.update(asyncio.run(rl_phase(policy, engine, ref, train, held_out, store=store, recipe=recipe, log=log)))
+    out["rl_s"] = elapsed(t0)
+    save_policy(policy, workdir / "final", state=engine.full_state_dict())
+    t0 = time.perf_counter()
+    out["rl_success"] = evaluate(policy, held_out, recipe.eval_episodes, store=store, recipe=recipe, phase=2)
+    out["eval_rl_s"] = elapsed(t0)
+    out["delta"] = out["rl_success"] - out["warm_success"]
+    out["total_s"] = elapsed(t_all)
+    log(f"RL: held-out success {out['rl_success']:.3f} over {recipe.eval_episodes} episodes "
+        f"(warm start {out['warm_success']:.3f}, delta {out['delta']:+.3f}; rl {out['rl_s']} s, "
+        f"eval {out['eval_rl_s']} s, total {out['total_s']} s)")
+    return out
+
+
+async def rl_phase(policy: Policy, engine: Any, ref: Any, train: list[dict[str, Any]], held_out: list[dict[str, Any]],
+                   *, store: BlobStore, recipe: Recipe, log: Log) -> dict[str, Any]:
+    """``recipe.updates`` GRPO updates, each on fresh rollouts of ``tasks_per_update`` training
+    tasks by the policy being trained; returns train_success, updates and held_out_curve."""
+    from dart.rollout.hf_engine import HFEngine, HFEngineConfig
+
+    rng = random.Random(recipe.seed)
+    by_id = {t["id"]: t for t in train}
+    out: dict[str, Any] = {"train_success": [], "updates": [], "held_out_curve": []}
+    gen = HFEngine(policy, HFEngineConfig(max_batch_size=recipe.engine_batch))
+    try:
+        for u in range(recipe.updates):
+            tu = time.perf_counter()
+            policy.model.eval()
+            trajectories = await rollout_groups(gen, rng.sample(train, recipe.tasks_per_update), store=store,
+                                                recipe=recipe, update=u)
+            success = sum(t.reward >= 1.0 for t in trajectories) / len(trajectories)
+            out["train_success"].append(success)
+            tr = elapsed(tu)
+            stats = rl_update(engine, ref, policy, trajectories, store=store, recipe=recipe, update=u, tasks=by_id)
+            out["updates"].append({**stats, "rollout_success": success, "rollouts_s": tr, "update_s": elapsed(tu)})
+            log(f"update {u + 1}/{recipe.updates}: rollout success {success:.3f}, "
+                f"{int(stats['samples'])} samples, loss {stats.get('loss', 0.0):+.4f}, "
+                f"grad {stats.get('grad_norm', 0.0):.3f}, rollouts {tr} s, total {elapsed(tu)} s")
+            if recipe.eval_every and (u + 1) % recipe.eval_every == 0:
+                policy.model.eval()
+                rate = await evaluate_async(gen, held_out, recipe.eval_episodes, store=store, recipe=recipe, phase=2)
+                out["held_out_curve"].append((u + 1, rate))
+                log(f"update {u + 1}/{recipe.updates}: held-out success {rate:.3f}")
+    finally:
+        await gen.close()
+    return out
+
+
+def open_workdir(workdir: Path) -> LocalBlobStore:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return LocalBlobStore(workdir / "blobs")
+
+
+def elapsed(t0: float) -> float:
+    return round(time.perf_counter() - t0, 1)
