@@ -22,6 +22,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
+from dart.bus import prom
 from dart.bus.config import BusConfig
 from dart.bus.consumer import Delivered, dead_letter
 from dart.bus.producer import Producer
@@ -155,6 +156,8 @@ class UnorderedConsumer:
         """The next records of the owned partitions (waits up to 200 ms for some; may be empty)."""
         assert self._consumer is not None, "start() first"
         fetched = await self._consumer.getmany(timeout_ms=200, max_records=self.max_records)
+        prom.consumed(self.group, fetched)
+        await prom.lag(self._consumer, self.group)
         out = []
         for tp, records in fetched.items():
             for rec in records:
@@ -162,6 +165,7 @@ class UnorderedConsumer:
                 try:
                     event = decode(rec.value)
                 except DecodeError as exc:
+                    prom.dead_lettered(self.group, "decode")
                     await self._dead_letter(rec, exc)
                     self._complete(tp.partition, rec.offset)
                     continue
