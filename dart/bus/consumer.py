@@ -15,6 +15,7 @@ import collections
 import logging
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -146,12 +147,35 @@ class Consumer:
         """Set once every assigned partition was read up to the high watermark its fetch reported
         (the log as it was is replayed), however busy the topics keep being."""
         self._stopping = asyncio.Event()
+        self._end_fetch_started = float("-inf")
+        """When (monotonic) the newest fetch that left every assigned partition at its high
+        watermark was started: every record acknowledged before then has been taken in hand."""
+        self._watch_end = False
         self.handled = 0
         self.dead_lettered = 0
 
     def stop(self) -> None:
         """Finish the record in hand, commit, close. Safe to call from a signal handler."""
         self._stopping.set()
+
+    async def fetched_to_end(self, *, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Wait until a fetch started after this call has left every assigned partition at its
+        high watermark: then every record acknowledged before the call is in hand (and
+        ``stop()`` finishes it). False when ``timeout_s`` passed first or nothing is assigned."""
+        # getmany() hands out what the background fetcher already holds, and the high watermarks of
+        # its last responses: only a fetch started two broker waits later is sure to reflect a
+        # response asked for after this call.
+        asked = time.monotonic()
+        since = asked + 2 * self.fetch_max_wait_ms / 1000 + 0.1
+        self._watch_end = True
+        try:
+            while self._end_fetch_started < since:
+                if time.monotonic() - asked > timeout_s or not self.started.is_set():
+                    return False
+                await asyncio.sleep(poll_s)
+            return True
+        finally:
+            self._watch_end = False
 
     @property
     def producer(self) -> Producer:
@@ -175,6 +199,7 @@ class Consumer:
         await consumer.start()
         try:
             while not self._stopping.is_set():
+                fetch_started = time.monotonic()
                 fetch = asyncio.ensure_future(consumer.getmany(timeout_ms=200, max_records=self.max_batch))
                 stop = asyncio.ensure_future(self._stopping.wait())
                 await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -200,8 +225,9 @@ class Consumer:
                     if self._stopping.is_set():
                         break
                     await self._consume(consumer, tp, records)
-                if not self.reached_end.is_set() and await _at_end(consumer):
+                if (not self.reached_end.is_set() or self._watch_end) and await _at_end(consumer):
                     self.reached_end.set()
+                    self._end_fetch_started = fetch_started
         finally:
             await self._drain(consumer, abort=sys.exc_info()[0] is not None)
             await consumer.stop()

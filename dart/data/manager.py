@@ -36,8 +36,8 @@ CATCH_UP_IDLE_S = 5.0
 """Failing the consumer's own end-of-log signal, the projection counts as caught up once no
 record arrived for this long after the join (a loaded machine can take seconds to fetch)."""
 CATCH_UP_MAX_S = 120.0
-# On stop: keep projecting until nothing new arrived for DRAIN_IDLE_S (at most DRAIN_MAX_S).
-DRAIN_IDLE_S = 1.5
+# On stop: let the decision in hand finish, then project until the consumer has fetched to the end
+# of the log as it was then (at most DRAIN_MAX_S in all).
 DRAIN_MAX_S = 20.0
 HORIZON_SAVE_MS = 30_000
 USAGE_LOG_S = 60.0
@@ -78,6 +78,7 @@ class DataManager:
         self._usage_since = time.monotonic()
         self._stopping = asyncio.Event()
         self._drain: asyncio.Task[None] | None = None
+        self._deciding: asyncio.Task[None] | None = None
         self._pending_requests: dict[str, int] = {}
         # What earlier passes learned: later passes read only open groups and new outcomes.
         self.horizon = Horizon()
@@ -357,7 +358,7 @@ class DataManager:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._serve_sql())
                 tg.create_task(self.consumer.run())
-                tg.create_task(self._decide())
+                self._deciding = tg.create_task(self._decide())
         finally:
             if self._own_producer:
                 await asyncio.get_running_loop().run_in_executor(None, self.producer.close)
@@ -379,9 +380,14 @@ class DataManager:
             self._drain = loop.create_task(self._drain_then_stop(), name="data-manager-drain")
 
     async def _drain_then_stop(self) -> None:
+        # A batch the batcher is sending as the stop comes is on the log before the drain starts, so
+        # the drain projects it; an idle gap was the rule before, and a loaded machine can take
+        # longer than any gap to fetch the last record (the store then lacked a batch the log held).
         start = time.monotonic()
-        while (time.monotonic() - self._last_projected < DRAIN_IDLE_S
-               and time.monotonic() - start < DRAIN_MAX_S):
-            await asyncio.sleep(0.1)
-        log.info("stopping after draining the log (%d records projected)", self.projected)
+        if self._deciding is not None:  # its errors are the task group's to raise
+            await asyncio.wait({self._deciding}, timeout=DRAIN_MAX_S)
+        left = max(0.0, DRAIN_MAX_S - (time.monotonic() - start))
+        at_end = await self.consumer.fetched_to_end(timeout_s=left)
+        log.info("stopping after draining the log (%d records projected%s)", self.projected,
+                 "" if at_end else f"; not at the log's end after {DRAIN_MAX_S:.0f} s")
         self.consumer.stop()
