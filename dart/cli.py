@@ -35,7 +35,8 @@ def command_modules() -> list[ModuleType]:
             obs_cli]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, only: Sequence[ModuleType] | None = None) -> argparse.ArgumentParser:
+    """Every command, or only those of the ``only`` modules."""
     parser = argparse.ArgumentParser(
         prog="dart",
         description="Decoupled, event-sourced multi-turn RL for GUI agents.",
@@ -48,13 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
                              "the services `dart up` starts inherit it)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in command_modules():
+    for module in command_modules() if only is None else only:
         module.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["guest-agent"]:
+        # What a VM runs: the agent's own modules only, not every service's (no Kafka, no torch).
+        from dart.env.guest_agent import cli as agent_cli
+
+        parser = build_parser(only=[agent_cli])
+    else:
+        parser = build_parser()
     args = parser.parse_args(argv)
     if args.log_format:
         os.environ["DART_LOG_FORMAT"] = args.log_format  # the processes it starts log the same way

@@ -329,3 +329,23 @@ def test_the_guest_agent_imports_only_what_it_runs() -> None:
                                            f"fewer: {sorted(GUEST_AGENT_MODULES - loaded)}")
     assert len(loaded) == 12
     assert out[1] == "False False False"  # no codec, bus client or model in a VM
+
+
+def test_dart_guest_agent_as_a_vm_runs_it_loads_only_the_agent() -> None:
+    """`dart guest-agent` (what a VM autostarts) registers only the agent's command: the same modules
+    as the agent itself plus the command line's own, not every service's (99 modules before)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, dart.cli\n"
+            "try:\n    dart.cli.main(['guest-agent', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(' '.join(sorted(m for m in sys.modules if m == 'dart' or m.startswith('dart.'))), file=sys.stderr)\n"
+            "print('fastavro' in sys.modules, 'aiokafka' in sys.modules, 'confluent_kafka' in sys.modules, "
+            "'torch' in sys.modules, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert "--token-file" in proc.stdout  # the agent's own help
+    modules, heavy = proc.stderr.splitlines()[-2:]
+    loaded = set(modules.split())
+    assert loaded - GUEST_AGENT_MODULES == {"dart.cli", "dart.config", "dart.env.guest_agent.cli"}
+    assert heavy == "False False False False"
