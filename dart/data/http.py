@@ -297,10 +297,6 @@ def _params(req: SqlRequest) -> dict[str, Any]:
     return {"params": req.params} if req.params else {}
 
 
-def _quote(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 class Engine:
     """Runs SqlRequests on fresh chdb handles (blocking: call from a worker thread).
 
@@ -362,7 +358,7 @@ class Engine:
                 conn.query(f"USE `{database}`", "TabSeparated")
             if req.settings:
                 try:
-                    conn.query("SET " + ", ".join(f"{k} = {_quote(v)}" for k, v in req.settings.items()),
+                    conn.query("SET " + ", ".join(f"{k} = {sqlguard.literal(v)}" for k, v in req.settings.items()),
                                "TabSeparated")
                 except Exception as exc:  # a value chdb cannot read for that setting: the client's error
                     raise sqlguard.BadSql(f"a URL setting's value: {str(exc).strip()}", "bad-setting-value") from None
@@ -373,8 +369,10 @@ class Engine:
             canonical = self.canonical(conn, head)
             statement = sqlguard.inspect(canonical)
             sqlguard.check_keyword(statement, writer=writer)
-            # One statement (canonical() proved it), so EXPLAIN AST only parses it.
-            ast = conn.query(f"EXPLAIN AST {canonical}", "TabSeparatedRaw", **_params(req))
+            # chdb runs every statement of the text it is given, EXPLAIN AST A; B included: the text
+            # sent is itself ClickHouse's canonical one statement, not a prefix glued to a checked one.
+            explain = self.canonical(conn, f"EXPLAIN AST {canonical}")
+            ast = conn.query(explain, "TabSeparatedRaw", **_params(req))
             sqlguard.check_ast(ast.bytes().decode("utf-8", "replace"), writer=writer, database=self.database,
                                statement=statement)
             inserts_data = statement.keyword == "INSERT" and statement.output_format is not None \
@@ -400,7 +398,7 @@ class Engine:
                 f.write(data)
             head = _TRAILING_FORMAT.sub("", canonical).rstrip()
             # The checked canonical head, a file name of ours and a checked format name.
-            sql = f"{head} FROM INFILE {_quote(tmp)} FORMAT {fmt}"
+            sql = f"{head} FROM INFILE {sqlguard.literal(tmp)} FORMAT {fmt}"
             res = conn.query(sql, "TabSeparated", **_params(req))
             return b"", fmt, self._summary(res, 0)
         finally:
