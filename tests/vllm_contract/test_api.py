@@ -37,9 +37,20 @@ from dart.rollout.vllm_engine import (  # noqa: E402
 )
 from dart.rollout.vllm_worker import RELOAD, WORKER_EXTENSION, DartWorkerExtension  # noqa: E402
 
-SMOKE_KWARGS = {"dtype": "bfloat16", "gpu_memory_utilization": 0.85, "enforce_eager": True,
-                "max_model_len": 16384, "seed": 0}
-"""What benchmarks/gpu_smoke.py passes on top of LLM_DEFAULTS (the UI-TARS settings' kinds)."""
+
+def smoke_kwargs() -> dict:
+    """What benchmarks/gpu_smoke.py passes on top of LLM_DEFAULTS (the tiny model's and UI-TARS')."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_smoke.py"
+    spec = importlib.util.spec_from_file_location("gpu_smoke_contract", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {**module.TINY_VLLM, **module.UITARS_VLLM}
+
+
+SMOKE_KWARGS = smoke_kwargs()
 
 
 def params(fn) -> dict[str, inspect.Parameter]:
