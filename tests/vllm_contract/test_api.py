@@ -226,3 +226,27 @@ def test_the_engine_side_cache_resets_exist_with_the_signatures_dart_calls():
     assert list(params(LLM.reset_mm_cache)) == ["self"]
     assert list(params(LLMEngine.reset_encoder_cache)) == ["self"]
     assert "self.llm_engine = " in inspect.getsource(LLM.__init__)
+
+
+def test_the_engine_constructs_vllms_llm_up_to_the_gpu_with_every_argument(monkeypatch):
+    """dart's own constructor call through the real ``vllm.LLM.__init__`` and ``EngineArgs``; it
+    stops where vLLM would start the engine core on a GPU."""
+    from dart.rollout.vllm_engine import VLLMEngine
+
+    seen = {}
+
+    class StopBeforeTheGPU(Exception):
+        pass
+
+    def from_engine_args(cls, engine_args, usage_context=None, **kwargs):
+        seen["args"] = engine_args
+        raise StopBeforeTheGPU
+
+    monkeypatch.setattr(LLMEngine, "from_engine_args", classmethod(from_engine_args))
+    with pytest.raises(StopBeforeTheGPU):
+        VLLMEngine("/models/ui-tars", **smoke_kwargs())
+    args = seen["args"]
+    assert isinstance(args, EngineArgs) and args.model == "/models/ui-tars"
+    assert args.worker_extension_cls == WORKER_EXTENSION and args.logprobs_mode == "raw_logprobs"
+    assert args.limit_mm_per_prompt == {"image": 8} and args.enable_prefix_caching is True
+    assert (args.dtype, args.max_model_len) == (SMOKE_KWARGS["dtype"], SMOKE_KWARGS["max_model_len"])
