@@ -16,7 +16,7 @@ FUZZ_TESTS := tests/events/test_codec_fuzz.py tests/agent/test_uitars_properties
               tests/vm/test_protocol_fuzz.py tests/data/test_sqlguard.py tests/data/test_sqlguard_fuzz.py
 FUZZ_EXAMPLES ?= 20000
 
-.PHONY: run test fuzz install system-deps bench ablate lint clean compose-test
+.PHONY: run test fuzz install system-deps bench ablate lint clean compose-test contract-test gpu-lock
 
 run: install
 	$(DART) doctor || true
@@ -46,6 +46,29 @@ ablate: install
 compose-test:
 	bash deploy/compose-test/compose-test.sh
 
+# vLLM contract: every vLLM name, signature and argument dart uses, checked against the pinned
+# vLLM itself on CPU (tests/vllm_contract/), in a venv of its own as the GPU worker would have.
+# Light on purpose: the CPU torch first (as above), vLLM --no-deps, then only what its modules
+# import (deploy/gpu/contract-requirements.txt) at the GPU lock's versions; no CUDA wheel.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIN = $(shell sed -n 's/^vllm==//p' deploy/gpu/constraints.txt)
+contract-test: $(VLLM_STAMP)
+	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m pytest -q -c /dev/null --rootdir . \
+	  --confcutdir tests/vllm_contract -p no:cacheprovider -o addopts='' -W ignore::DeprecationWarning --tb=short --timeout 300 tests/vllm_contract $(PYTEST_ARGS)
+
+$(VLLM_STAMP): pyproject.toml deploy/gpu/constraints.txt deploy/gpu/contract-requirements.txt
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q --no-deps -c deploy/gpu/constraints.txt vllm==$(VLLM_PIN) xgrammar
+	$(VLLM_VENV)/bin/pip install -q -c deploy/gpu/constraints.txt -r deploy/gpu/contract-requirements.txt
+	$(VLLM_VENV)/bin/python -c "import torch, sys; sys.exit(0 if not torch.version.cuda else 'a CUDA torch was installed')"
+	touch $(VLLM_STAMP)
+
+# deploy/gpu/constraints.txt from the gpu extra's pins (pip's resolver on PyPI, metadata only).
+gpu-lock:
+	python3 deploy/gpu/lock.py
+
 lint: install
 	$(VENV)/bin/ruff check .
 
@@ -68,4 +91,4 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -3,11 +3,11 @@ at hand): greedy answers checked token for token against the CPU ``hf`` engine o
 weights, a weight swap that must change the answers to those of the new weights, and the
 swap's seconds per rollout worker.
 
-    deploy/gpu/smoke.sh [--uitars DIR]            # on a CUDA host: the gpu extra, then this script
-    .venv/bin/python benchmarks/gpu_smoke.py [--engine vllm|hf] [--requests 16] [--swaps 4] [--uitars DIR]
+    deploy/gpu/smoke.sh [--uitars DIR]            # on a CUDA host, no network needed (see there)
+    .venv/bin/python benchmarks/gpu_smoke.py [--engine vllm|hf] [--device cpu|cuda] [--requests 16] [--swaps 4] [--uitars DIR]
 
-Without vLLM or a CUDA device it says which is missing and exits 3 (nothing measured: a CPU
-machine never reports a GPU figure). ``--engine hf`` runs the same steps with the CPU engine in
+Without vLLM (``--engine vllm``) or a CUDA device (vllm, or ``--device cuda``) it says which is
+missing and exits 3 (nothing measured: a CPU machine never reports a GPU figure). ``--engine hf`` runs the same steps with the CPU engine in
 vLLM's place: the seam the tests use (tests/rollout/test_gpu_smoke.py). Exit 1 when the answers
 do not follow the weights (after a swap, under ``TOOK`` of them equal the new weights' reference).
 The figures go to ``--out`` (JSON) and stdout.
@@ -44,12 +44,14 @@ TOOK = 0.75
 random model's logits, so exact agreement on every request is not required."""
 
 
-def missing_gpu_parts() -> str | None:
-    """Why the vllm engine cannot run here (None: it can)."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return "vLLM is not installed (pip install -e '.[gpu]' on a CUDA host; deploy/gpu/smoke.sh does it)"
+def missing_gpu_parts(engine: str = "vllm") -> str | None:
+    """Why ``engine`` cannot run on the GPU here (None: it can)."""
+    if engine == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            return ("vLLM is not installed in this Python (a host with network: "
+                    "pip install -c deploy/gpu/constraints.txt -e '.[gpu]')")
     import torch
 
     if not torch.cuda.is_available():
@@ -86,16 +88,24 @@ def agreement(got: Sequence[Sequence[int]], want: Sequence[Sequence[int]]) -> fl
     return sum(list(a) == list(b) for a, b in zip(got, want, strict=True)) / len(want)
 
 
-def make_engine(kind: str, model_dir: Path) -> Engine:
+TINY_VLLM = {"dtype": "float32", "gpu_memory_utilization": 0.3, "enforce_eager": True, "max_model_len": 4096}
+"""The tiny model in vLLM: float32, so its answers compare token for token with the CPU engine's."""
+
+UITARS_VLLM = {"dtype": "bfloat16", "gpu_memory_utilization": 0.6, "enforce_eager": True, "max_model_len": 16384}
+"""UI-TARS(-1.5, 7B) on one H100: bf16 weights (~16.6 GB; float32 would be ~33 GB) in 60% of its
+80 GB, the rest of that share for activations and the KV cache (~57 KB a token: 16384 tokens is
+under 1 GB); eager, so the smoke does not spend its minutes capturing CUDA graphs."""
+
+
+def make_engine(kind: str, model_dir: Path, device: str = "cpu", vllm_args: dict[str, Any] | None = None) -> Engine:
     if kind == "hf":
-        return HFEngine(load_policy(model_dir), HFEngineConfig(max_batch_size=16))
+        return HFEngine(load_policy(model_dir, device=device, dtype="float32"), HFEngineConfig(max_batch_size=16))
     from dart.rollout.vllm_engine import VLLMEngine
 
-    # float32: the tiny model's answers are compared token for token with the CPU engine's
-    return VLLMEngine(model_dir, dtype="float32", gpu_memory_utilization=0.3, enforce_eager=True)
+    return VLLMEngine(model_dir, **(vllm_args or TINY_VLLM))
 
 
-async def smoke(kind: str, n: int, swaps: int, log: Callable[[str], None] = print) -> dict[str, Any]:
+async def smoke(kind: str, n: int, swaps: int, log: Callable[[str], None] = print, device: str = "cpu") -> dict[str, Any]:
     """The tiny-model part: reference answers of weights A and B from the CPU engine, then the
     engine under test on A, swapped to B, back to A, ... (``swaps`` swaps)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,7 +122,7 @@ async def smoke(kind: str, n: int, swaps: int, log: Callable[[str], None] = prin
         differ = 1.0 - agreement(refs[0], refs[1])
         log(f"reference (cpu hf engine): weights A and B answer differently on {differ:.0%} of {n} requests")
         t0 = time.perf_counter()
-        engine = make_engine(kind, dirs[0])
+        engine = make_engine(kind, dirs[0], device)
         start_s = time.perf_counter() - t0
         got, first_s = await answers(engine, reqs)
         rows = [{"weights": "A", "agreement": agreement(got, refs[0]), "with_other": agreement(got, refs[1]),
@@ -129,7 +139,7 @@ async def smoke(kind: str, n: int, swaps: int, log: Callable[[str], None] = prin
         log(f"  weights {r['weights']}: {r['agreement']:.0%} of answers equal its reference ({r['with_other']:.0%} the "
             f"other's), {n} requests in "
             f"{r['generate_s']:.2f} s" + (f", after a {r['swap_s']:.3f} s swap" if "swap_s" in r else ""))
-    return {"engine": kind, "requests": n, "engine_start_s": start_s, "answers_differ_between_weights": differ,
+    return {"engine": kind, "device": device, "requests": n, "engine_start_s": start_s, "answers_differ_between_weights": differ,
             "rows": rows, "swap_s_median": statistics.median(swap_s) if swap_s else None,
             "swaps_took": all(r["agreement"] >= TOOK and r["agreement"] > r["with_other"] for r in rows)}
 
@@ -142,7 +152,7 @@ async def uitars(path: Path, log: Callable[[str], None] = print) -> dict[str, An
     from dart.agent.uitars import parse_actions
 
     t0 = time.perf_counter()
-    engine = make_engine("vllm", path)
+    engine = make_engine("vllm", path, vllm_args=UITARS_VLLM)
     start_s = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
         store = LocalBlobStore(Path(tmp) / "blobs")
@@ -164,16 +174,18 @@ async def uitars(path: Path, log: Callable[[str], None] = print) -> dict[str, An
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", choices=("vllm", "hf"), default="vllm")
+    ap.add_argument("--device", default="cpu",
+                    help="where the hf engine under test runs (cuda: the host part of deploy/gpu/smoke.sh)")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--swaps", type=int, default=4)
     ap.add_argument("--uitars", type=Path, default=os.environ.get("DART_UITARS_DIR"),
                     help="a UI-TARS(-1.5) model directory (default: $DART_UITARS_DIR; skipped when absent)")
     ap.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = ap.parse_args(argv)
-    if args.engine == "vllm" and (why := missing_gpu_parts()):
+    if (args.engine == "vllm" or args.device.startswith("cuda")) and (why := missing_gpu_parts(args.engine)):
         print(f"gpu smoke: skipped, nothing measured: {why}")
         return SKIPPED
-    result = {"tiny": asyncio.run(smoke(args.engine, args.requests, args.swaps))}
+    result = {"tiny": asyncio.run(smoke(args.engine, args.requests, args.swaps, device=args.device))}
     if args.engine == "vllm" and args.uitars is not None:
         if args.uitars.is_dir():
             result["uitars"] = asyncio.run(uitars(args.uitars))
@@ -184,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not result["tiny"]["swaps_took"]:
         print("gpu smoke: FAILED: the answers do not follow the weights (see the rows above)")
         return 1
-    print(f"gpu smoke: ok ({args.engine}): weight swap median {result['tiny']['swap_s_median']:.3f} s")
+    print(f"gpu smoke: ok ({args.engine} on {args.device if args.engine == 'hf' else 'cuda'}): weight swap median {result['tiny']['swap_s_median']:.3f} s")
     return 0
 
 

@@ -16,11 +16,21 @@ generation ``gen``; each worker registers ``<gen>/worker/<rank>``; once all have
 writes ``<gen>/ready`` and every member builds the group under the prefix ``<gen>``. A failed
 broadcast (a worker died) makes the trainer start the next generation; a worker whose group
 fails (the trainer died or moved on) joins the next one.
+
+Each member registers the device its buffers are on (:func:`device_identity`). NCCL refuses two
+members on one GPU ("Duplicate GPU detected"), so on ``nccl`` a layout where any two share a GPU
+(a trainer and a worker on one card) does not form a group: the trainer writes ``<gen>/ready`` =
+``blobs: ...`` and every version goes through the blob store. A group that is dropped (a failed
+broadcast, a lost peer) is aborted (:func:`abort_group`), not left to NCCL's watchdog, which
+tears the whole process down.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -78,6 +88,40 @@ class TransferConfig:
         if self.backend != "auto":
             return self.backend
         return "nccl" if torch.cuda.is_available() and self.device.startswith("cuda") else "gloo"
+
+
+def device_identity(device: str) -> str:
+    """The physical device a member's buffers are on: host and GPU UUID for ``cuda``; host and
+    process for ``cpu`` (gloo has no one-device rule, so CPU members never collide)."""
+    host = socket.gethostname()
+    if device.startswith("cuda"):
+        return f"{host}/gpu/{torch.cuda.get_device_properties(torch.device(device)).uuid}"
+    return f"{host}/cpu/{os.getpid()}"
+
+
+def shared_device(identities: dict[int, str]) -> str | None:
+    """Why these members (rank -> :func:`device_identity`) cannot form an NCCL group: the ranks
+    that share a device; None when every member has a device of its own."""
+    by_device: dict[str, list[int]] = {}
+    for rank, ident in sorted(identities.items()):
+        by_device.setdefault(ident, []).append(rank)
+    shared = {d: r for d, r in by_device.items() if len(r) > 1}
+    if not shared:
+        return None
+    return "; ".join(f"ranks {r} share {d}" for d, r in shared.items())
+
+
+BLOBS_ONLY = "blobs"
+"""The prefix of a ``<gen>/ready`` value that tells the workers: no group, use the blob store."""
+
+
+def abort_group(group: Any) -> None:
+    """Abort a dropped group: its pending collectives end and its communicators are freed now
+    (left alone, NCCL's watchdog notices the dead peer later and tears the process down)."""
+    abort = getattr(group, "abort", None)
+    if abort is not None:
+        with contextlib.suppress(Exception):  # a group already broken may refuse; it is gone either way
+            abort()
 
 
 def open_store(cfg: TransferConfig, *, master: bool, connect_s: float | None = None) -> dist.TCPStore:

@@ -16,7 +16,16 @@ import threading
 import time
 from typing import Any
 
-from dart.agent.transfer import TransferConfig, new_group, open_store, receive_header, receive_tensors
+from dart.agent.transfer import (
+    BLOBS_ONLY,
+    TransferConfig,
+    abort_group,
+    device_identity,
+    new_group,
+    open_store,
+    receive_header,
+    receive_tensors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +37,8 @@ class DirectReceiver:
         self.in_group = False
         self.received: dict[int, float] = {}
         """Seconds each version's tensors took to arrive (header to last byte)."""
+        self.blobs_only: str | None = None
+        """The trainer's reason for forming no group (two members on one GPU), else None."""
         self._staged: tuple[int, dict[str, Any]] | None = None
         self._newest = -1  # the newest version the trainer published (broadcast or not)
         self._cond = threading.Condition()
@@ -42,8 +53,16 @@ class DirectReceiver:
                 socket.create_connection(self.cfg.host_port, timeout=1.0).close()
                 store = open_store(self.cfg, master=False, connect_s=1.0)
                 gen = int(store.get("gen"))
-                store.set(f"{gen}/worker/{self.cfg.rank}", "1")
+                store.set(f"{gen}/worker/{self.cfg.rank}", device_identity(self.cfg.device))
                 store.wait([f"{gen}/ready"])
+                ready = store.get(f"{gen}/ready").decode()
+                if ready.startswith(BLOBS_ONLY):  # the trainer will not form a group for this layout
+                    self.blobs_only = ready
+                    log.warning("worker %s: no weights group, versions come from the blob store: %s",
+                                self.worker_id, ready)
+                    with self._cond:
+                        self._cond.notify_all()
+                    return
                 group = new_group(self.cfg, store, gen, self.cfg.rank)
             except Exception as exc:  # the trainer is not there (yet): try again
                 log.debug("worker %s: weights group not joined: %s", self.worker_id, exc)
@@ -56,6 +75,7 @@ class DirectReceiver:
             except Exception as exc:  # the trainer died or started a new generation
                 log.warning("worker %s: weights group lost (%s: %s)", self.worker_id, type(exc).__name__, exc)
             finally:
+                abort_group(group)
                 self.in_group = False
                 with self._cond:
                     self._cond.notify_all()

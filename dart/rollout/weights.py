@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable
 
 from dart.agent.weights import check_version_digest, state_dict_from_bytes, weights_blob
 from dart.blobs import BlobStore
-from dart.errors import DartError
 from dart.events import Event, WeightsLoaded, WeightsPublished
 from dart.rollout.engine import Engine
 from dart.rollout.transfer import DirectReceiver
@@ -76,7 +75,13 @@ class WeightFollower:
             self._wake.clear()
             event, self._newest = self._newest, None
             if event is not None and event.version > self.engine.version:
-                await self.apply(event)
+                try:
+                    await self.apply(event)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # announcing the outcome failed (the bus): keep following
+                    log.exception("worker %s: weights follower step for version %d failed",
+                                  self.worker_id, event.version)
 
     async def apply(self, event: WeightsPublished) -> WeightsLoaded:
         """Fetch, verify and swap to ``event``'s version, or refuse it; announces the outcome."""
@@ -96,7 +101,12 @@ class WeightFollower:
             t1 = time.perf_counter()
             await self.engine.swap_weights(event.version, state)
             swap_s = time.perf_counter() - t1
-        except (DartError, OSError, ValueError, RuntimeError) as exc:
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Broad on purpose: an engine's swap can raise anything (vLLM's RPC raises TypeError,
+            # KeyError, ...), and an uncaught one would end the follower task for good. The
+            # version is refused, the old one keeps serving, the next published one is tried.
             error = f"{type(exc).__name__}: {exc}"
             self._refused.add(event.version)
             self.engine.forget_versions_seen()

@@ -16,13 +16,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dart.agent.transfer import (
+    BLOBS_ONLY,
     TICK_S,
     TransferConfig,
+    abort_group,
     describe,
+    device_identity,
     new_group,
     open_store,
     send_header,
     send_tensors,
+    shared_device,
 )
 from dart.agent.weights import WEIGHTS_FILE
 from dart.blobs import BlobStore
@@ -66,6 +70,8 @@ class DirectSender:
         self.newest = -1
         """The newest version published (broadcast or not): ticks tell the workers, so that none waits
         for a version that will not come."""
+        self.blobs_only: str | None = None
+        """Why this layout broadcasts nothing (two members on one GPU under NCCL), else None."""
         self.sent: dict[int, float] = {}
         """Seconds each version's broadcast took (versions that went by the blob store only: absent)."""
         self._jobs: queue.Queue[tuple[int, Path, threading.Event] | tuple[()] | None] = queue.Queue()
@@ -87,12 +93,24 @@ class DirectSender:
             time.sleep(0.1)
         if self._closed:
             return
+        if self.cfg.resolved_backend() == "nccl":
+            members = {0: device_identity(self.cfg.device)}
+            members.update({r: self.store.get(k).decode() for r, k in enumerate(keys, start=1)})
+            if (why := shared_device(members)) is not None:
+                self.blobs_only = f"NCCL cannot put two members on one GPU ({why})"
+                self.store.set(f"{self.gen}/ready", f"{BLOBS_ONLY}: {self.blobs_only}")
+                log.warning("weights group: not formed, every version goes through the blob store: %s",
+                            self.blobs_only)
+                return
         self.store.set(f"{self.gen}/ready", "1")
         self.group = new_group(self.cfg, self.store, self.gen, 0)
         log.info("weights group: generation %d formed (%d workers)", self.gen, self.cfg.workers)
 
     def _run(self) -> None:
         while not self._closed:
+            if self.blobs_only is not None:  # a layout the group cannot have: nothing to do
+                time.sleep(TICK_S)
+                continue
             if self.group is None:
                 try:
                     self._form()
@@ -119,6 +137,7 @@ class DirectSender:
                     done.set()
             except Exception as exc:  # a worker died: blob store only until a new group forms
                 log.warning("weights group: broadcast failed (%s: %s); next generation", type(exc).__name__, exc)
+                abort_group(self.group)
                 self.group = None
 
     def _send(self, version: int, path: Path) -> None:

@@ -1,13 +1,76 @@
 #!/usr/bin/env bash
-# GPU smoke on a CUDA host: the vllm engine on the tiny model (and UI-TARS with --uitars DIR or
-# $DART_UITARS_DIR), answers checked against the CPU engine, weight swaps timed. Its own
-# virtualenv (.venv-gpu): the gpu extra brings vLLM and the CUDA torch it needs, which the CPU
-# .venv (torch==2.13.0, CPU wheel) must never get. See benchmarks/gpu_smoke.py.
-set -euo pipefail
+# GPU smoke on a CUDA host with no network: nothing is pip-installed from an index. Two parts.
+#
+#   deploy/gpu/smoke.sh [--uitars DIR]     # DIR or $DART_UITARS_DIR: UI-TARS weights (optional)
+#
+# 1. Host part, with the host's own torch and transformers ($PY: /opt/torch/.venv/bin/python3,
+#    else python3; dart's few extra packages as wheels in .whl/, see cuda_check.sh):
+#    deploy/gpu/cuda_check.sh (the trainer, DeepSpeed and the hf engine on CUDA against the CPU),
+#    then benchmarks/gpu_smoke.py --engine hf --device cuda (the hf engine's weight swaps on the
+#    GPU, answers checked against the CPU engine's).
+# 2. vLLM part, only where vLLM is installed: $VLLM_PY (default: $PY when it imports vllm, else
+#    .venv-gpu/bin/python when present; make one on a host with network with
+#    `pip install -c deploy/gpu/constraints.txt -e '.[gpu]'`). benchmarks/gpu_smoke.py --engine
+#    vllm: the tiny model against the CPU engine, swaps, and UI-TARS in bf16 when given. Without
+#    vLLM the part says so and is skipped.
+#
+# DEVICE=cpu runs part 1 on the CPU (what a machine without a GPU can check: the steps, not the
+# figures; cuda_check.sh only with CUDA_CHECK=1). Figures and logs go to $OUT (default: a new temporary directory). Exit status:
+# 0 every part that ran passed (a skipped vLLM part is said so on the last line), 1 a part
+# failed, 3 nothing could run (no CUDA device and DEVICE is not cpu).
+set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ ! -x .venv-gpu/bin/python ]; then
-  python3 -m venv .venv-gpu
-  .venv-gpu/bin/pip install -q -e '.[gpu]'
+PY=${PY:-/opt/torch/.venv/bin/python3}
+[ -x "$PY" ] || PY=python3
+DEVICE=${DEVICE:-cuda}
+OUT=${OUT:-$(mktemp -d)}
+export OUT
+mkdir -p "$OUT"
+
+if [ "$DEVICE" != cpu ] && ! "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+  echo "gpu smoke: torch ($PY) sees no CUDA device: nothing run (DEVICE=cpu runs the host part on the CPU)"
+  exit 3
 fi
-mkdir -p benchmarks/results
-exec .venv-gpu/bin/python benchmarks/gpu_smoke.py --out benchmarks/results/gpu_smoke.json "$@"
+
+failed=()
+echo "=== host part: $PY, device $DEVICE"
+if [ "$DEVICE" = cpu ]; then
+  # cuda_check's comparisons CPU against CPU outlast its 150 s limit on a small shared CPU (one of
+  # its 11 tests alone took 289 s on 2 shared cores)
+  if [ "${CUDA_CHECK:-0}" = 1 ]; then
+    DART_GPU_CHECK_DEVICE=cpu bash deploy/gpu/cuda_check.sh || failed+=("cuda_check")
+  else
+    echo "cuda check: left out on the CPU (CUDA_CHECK=1 runs it CPU against CPU)"
+  fi
+else
+  bash deploy/gpu/cuda_check.sh || failed+=("cuda_check")
+fi
+# cuda_check.sh put dart's extra packages (from .whl/) into /tmp/site
+PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 \
+  "$PY" benchmarks/gpu_smoke.py --engine hf --device "$DEVICE" --requests 8 --swaps 2 --out "$OUT/gpu_smoke_hf.json" \
+  || failed+=("gpu_smoke hf")
+
+echo "=== vLLM part"
+if [ -z "${VLLM_PY:-}" ]; then
+  if PYTHONPATH=/tmp/site "$PY" -c 'import vllm' 2>/dev/null; then VLLM_PY=$PY
+  elif [ -x .venv-gpu/bin/python ]; then VLLM_PY=.venv-gpu/bin/python
+  fi
+fi
+if [ -z "${VLLM_PY:-}" ]; then
+  vllm_note="skipped: vLLM is not installed on this host ($PY does not import it, no .venv-gpu; set VLLM_PY)"
+  echo "vLLM part: $vllm_note"
+else
+  vllm_note="ran ($VLLM_PY)"
+  PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 \
+    "$VLLM_PY" benchmarks/gpu_smoke.py --engine vllm --out "$OUT/gpu_smoke_vllm.json" "$@"
+  status=$?
+  if [ $status -eq 3 ]; then vllm_note="skipped (see above)"; elif [ $status -ne 0 ]; then failed+=("gpu_smoke vllm"); fi
+fi
+
+echo "--- figures in $OUT"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "gpu smoke: FAILED: ${failed[*]}; vLLM part $vllm_note"
+  exit 1
+fi
+echo "gpu smoke: ok (host part on $DEVICE); vLLM part $vllm_note"
+exit 0

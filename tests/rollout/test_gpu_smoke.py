@@ -31,6 +31,16 @@ def test_gpu_smoke_without_vllm_says_so_and_measures_nothing(capsys, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None or __import__("torch").cuda.is_available(),
+                    reason="a CUDA device is here")
+def test_the_hf_engine_on_cuda_without_a_gpu_says_so_and_measures_nothing(capsys, tmp_path):
+    smoke = _smoke_module()
+    out = tmp_path / "gpu.json"
+    assert smoke.main(["--engine", "hf", "--device", "cuda", "--out", str(out)]) == smoke.SKIPPED
+    assert "skipped, nothing measured: no CUDA device" in capsys.readouterr().out
+    assert not out.exists()
+
+
 def test_gpu_smoke_steps_with_the_cpu_hf_engine_standing_in_for_vllm():
     smoke = _smoke_module()
     result = asyncio.run(smoke.smoke("hf", n=4, swaps=2, log=lambda _: None))
@@ -44,8 +54,8 @@ def test_a_swap_that_does_not_take_fails_the_smoke(monkeypatch, capsys):
     smoke = _smoke_module()
     make = smoke.make_engine
 
-    def engine_that_ignores_swaps(kind, model_dir):
-        engine = make("hf", model_dir)
+    def engine_that_ignores_swaps(kind, model_dir, device="cpu", vllm_args=None):
+        engine = make("hf", model_dir, device)
 
         async def swap(version, state):
             return 0.001   # reports a swap, loads nothing
@@ -54,6 +64,6 @@ def test_a_swap_that_does_not_take_fails_the_smoke(monkeypatch, capsys):
         return engine
 
     monkeypatch.setattr(smoke, "make_engine", engine_that_ignores_swaps)
-    monkeypatch.setattr(smoke, "missing_gpu_parts", lambda: None)
+    monkeypatch.setattr(smoke, "missing_gpu_parts", lambda engine="vllm": None)
     assert smoke.main(["--engine", "hf", "--requests", "4", "--swaps", "1"]) == 1
     assert "FAILED: the answers do not follow the weights" in capsys.readouterr().out

@@ -80,3 +80,37 @@ async def test_version_digest_mismatch_is_refused(tiny_dir, store):
     outcome = await follower.apply(forged)
     await engine.close()
     assert not outcome.ok and "does not match" in outcome.error and engine.version == 0
+
+
+async def test_follower_survives_any_error_from_a_swap_and_takes_the_next_version(tiny_dir, store, tmp_path):
+    """vLLM's RPC raised TypeError for a pickled function; whatever a swap raises, the follower
+    task lives on, the old version keeps serving, and the next published version is tried."""
+    engine = HFEngine(load_policy(tiny_dir))
+    real_swap = engine.swap_weights
+    calls: list[int] = []
+
+    async def swap_failing_once(version, state):
+        calls.append(version)
+        if len(calls) == 1:
+            raise TypeError("Object of type <class 'function'> is not serializable")
+        return await real_swap(version, state)
+
+    engine.swap_weights = swap_failing_once
+    blob = state_dict_to_bytes(load_policy(build_tiny(tmp_path / "s1", seed=1)).model)
+    follower, sent = follower_for(engine, store)
+    runner = asyncio.create_task(follower.run())
+    follower.offer(publish(store, 1, blob))
+    for _ in range(200):
+        if sent:
+            break
+        await asyncio.sleep(0.02)
+    assert not runner.done() and engine.version == 0
+    follower.offer(publish(store, 2, blob))
+    for _ in range(200):
+        if len(sent) == 2:
+            break
+        await asyncio.sleep(0.02)
+    runner.cancel()
+    await engine.close()
+    assert [(e.version, e.ok) for e in sent] == [(1, False), (2, True)]
+    assert "TypeError" in sent[0].error and engine.version == 2 and calls == [1, 2]
