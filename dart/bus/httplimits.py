@@ -1,0 +1,160 @@
+"""Connection limits for dart's aiohttp servers (the SQL endpoint, ``dart serve``).
+
+aiohttp alone keeps a connection that sends half a request head open for as long as the client
+likes, and accepts connections until the process runs out of file descriptors (and with it
+everything else in the process: the data manager's projection shares them). ``LimitedSite``
+serves an ``AppRunner``'s handlers on a bound socket with:
+
+- at most ``max_connections`` open at once (a new one past it is closed at once), never more
+  than a quarter of the process's descriptor limit;
+- a request head that must be complete ``header_timeout_s`` after its first byte;
+- a connection with no request in progress closed after ``idle_timeout_s`` (a client that
+  stops reading its response counts as idle too).
+
+A request's body and its run are the handler's to bound (the SQL endpoint reads the body under
+a deadline and bounds each query).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_connections: int = 256
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 30.0
+
+
+def descriptor_cap(wanted: int) -> int:
+    """``wanted`` connections, or a quarter of the descriptor limit if lower (after raising the
+    soft limit to the hard one): the rest stays for the process's own files and sockets."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return max(1, min(wanted, soft // 4)) if soft != resource.RLIM_INFINITY else wanted
+
+
+class _Guard(asyncio.Protocol):
+    """Wraps one aiohttp request handler: counts the connection and times its request heads."""
+
+    def __init__(self, site: LimitedSite, inner: Any) -> None:
+        self.site = site
+        self.inner = inner
+        self.transport: asyncio.Transport | None = None
+        self.in_request = False
+        self.partial_since: float | None = None
+        self.idle_since = time.monotonic()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        if len(self.site.guards) >= self.site.max_connections:
+            self.site.refused += 1
+            transport.abort()
+            return
+        self.transport = transport
+        self.site.guards[self.inner] = self
+        self.inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is None:
+            return
+        self.site.guards.pop(self.inner, None)
+        self.inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.in_request and self.partial_since is None:
+            self.partial_since = time.monotonic()
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def expired(self, now: float, limits: ConnectionLimits) -> str | None:
+        if self.in_request:
+            return None
+        if self.partial_since is not None and now - self.partial_since > limits.header_timeout_s:
+            return "request head not complete in time"
+        if self.partial_since is None and now - self.idle_since > limits.idle_timeout_s:
+            return "idle"
+        return None
+
+
+class LimitedSite:
+    """Serve ``runner`` (set up, its app with ``self.middleware``) on ``sock`` within ``limits``."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.max_connections = descriptor_cap(limits.max_connections)
+        self.guards: dict[Any, _Guard] = {}
+        self.refused = 0
+        """Connections closed at once because ``max_connections`` were open."""
+        self.expired = 0
+        """Connections closed for a late request head or idleness."""
+        self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    @web.middleware
+    async def middleware(self, request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        guard = self.guards.get(request.protocol)
+        if guard is not None:
+            guard.in_request, guard.partial_since = True, None
+        try:
+            return await handler(request)
+        finally:
+            if guard is not None:
+                guard.in_request, guard.idle_since = False, time.monotonic()
+
+    async def start(self, runner: web.AppRunner, sock: socket.socket) -> None:
+        server = runner.server
+        assert server is not None, "set the runner up first"
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Guard(self, server()), sock=sock,
+                                                backlog=min(self.max_connections, 1024))
+        self._sweeper = asyncio.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        period = min(self.limits.header_timeout_s, self.limits.idle_timeout_s, 1.0) / 2
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for guard in list(self.guards.values()):
+                why = guard.expired(now, self.limits)
+                if why is not None and guard.transport is not None:
+                    self.expired += 1
+                    log.debug("closing a connection: %s", why)
+                    guard.transport.abort()
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self._server is not None:
+            self._server.close()
+            for guard in list(self.guards.values()):
+                if guard.transport is not None:
+                    guard.transport.abort()
+            await self._server.wait_closed()
