@@ -5,8 +5,10 @@ likes, and accepts connections until the process runs out of file descriptors (a
 everything else in the process: the data manager's projection shares them). ``LimitedSite``
 serves an ``AppRunner``'s handlers on a bound socket with:
 
-- at most ``max_connections`` open at once (a new one past it is closed at once), never more
-  than a quarter of the process's descriptor limit;
+- at most ``max_connections`` open at once, never more than a quarter of the process's
+  descriptor limit; a new connection past it takes the place of the one that has waited longest
+  without a handler holding or awaiting work (``busy``: a query slot), so half-sent requests and
+  idle connections cannot lock clients out; when every connection is busy, the new one is closed;
 - a request head that must be complete ``header_timeout_s`` after its first byte;
 - a connection with no request in progress closed after ``idle_timeout_s`` (a client that
   stops reading its response counts as idle too).
@@ -58,12 +60,16 @@ class _Guard(asyncio.Protocol):
         self.inner = inner
         self.transport: asyncio.Transport | None = None
         self.in_request = False
+        self.busy = False
+        """A handler holds or awaits work for it (``LimitedSite.busy``): never evicted."""
         self.partial_since: float | None = None
         self.idle_since = time.monotonic()
+        self.since = self.idle_since
+        """When it last changed state (opened, began a head, began a request, answered)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        if len(self.site.guards) >= self.site.max_connections:
+        if len(self.site.guards) >= self.site.max_connections and not self.site.evict_one():
             self.site.refused += 1
             transport.abort()
             return
@@ -79,7 +85,7 @@ class _Guard(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if not self.in_request and self.partial_since is None:
-            self.partial_since = time.monotonic()
+            self.partial_since = self.since = time.monotonic()
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -109,7 +115,9 @@ class LimitedSite:
         self.max_connections = descriptor_cap(limits.max_connections)
         self.guards: dict[Any, _Guard] = {}
         self.refused = 0
-        """Connections closed at once because ``max_connections`` were open."""
+        """Connections closed at once because ``max_connections`` were open and busy."""
+        self.evicted = 0
+        """Connections closed to make room for a new one."""
         self.expired = 0
         """Connections closed for a late request head or idleness."""
         self._server: asyncio.Server | None = None
@@ -120,12 +128,32 @@ class LimitedSite:
                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         guard = self.guards.get(request.protocol)
         if guard is not None:
-            guard.in_request, guard.partial_since = True, None
+            guard.in_request, guard.partial_since, guard.since = True, None, time.monotonic()
         try:
             return await handler(request)
         finally:
             if guard is not None:
-                guard.in_request, guard.idle_since = False, time.monotonic()
+                guard.in_request, guard.busy = False, False
+                guard.idle_since = guard.since = time.monotonic()
+
+    def busy(self, request: web.Request, busy: bool = True) -> None:
+        """Mark ``request``'s connection as holding or awaiting bounded work (a query slot): it is
+        then never evicted for a new connection (the work's own bounds limit how many are)."""
+        guard = self.guards.get(request.protocol)
+        if guard is not None:
+            guard.busy = busy
+
+    def evict_one(self) -> bool:
+        """Close the connection that has waited longest without being busy; False if all are busy."""
+        victims = [g for g in self.guards.values() if not g.busy and g.transport is not None]
+        if not victims:
+            return False
+        victim = min(victims, key=lambda g: g.since)
+        self.evicted += 1
+        self.guards.pop(victim.inner, None)
+        assert victim.transport is not None
+        victim.transport.abort()
+        return True
 
     async def start(self, runner: web.AppRunner, sock: socket.socket) -> None:
         server = runner.server

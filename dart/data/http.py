@@ -566,7 +566,9 @@ class SqlServer:
         self.writer = writer
         lim = self.limits
         self._pool = ThreadPoolExecutor(max_workers=lim.max_concurrent, thread_name_prefix="dart-sql")
-        # Inflating bodies and killing queries never wait behind running queries.
+        # Inflating bodies, telling clients apart and killing queries never wait behind running
+        # queries, nor behind each other.
+        self._inflate = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-inflate")
         self._aux = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-aux")
         self.slots = Slots(lim.max_concurrent, lim.max_concurrent_per_client, lim.max_queued)
         self.site = LimitedSite(ConnectionLimits(lim.max_connections, lim.header_timeout_s, lim.idle_timeout_s))
@@ -614,6 +616,7 @@ class SqlServer:
             await self._runner.cleanup()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._aux.shutdown(wait=False, cancel_futures=True)
+        self._inflate.shutdown(wait=False, cancel_futures=True)
 
     async def _ping(self, request: web.Request) -> web.Response:
         return web.Response(text="Ok.\n")
@@ -653,7 +656,9 @@ class SqlServer:
             raw = await asyncio.wait_for(request.read(), lim.body_timeout_s)
             encoding = request.headers.get("Content-Encoding", "")
             bound = min(max_body, max(len(raw) * lim.max_inflate_ratio, 1 << 16))
-            body = await loop.run_in_executor(self._aux, functools.partial(decompress, raw, encoding, max_bytes=bound))
+            inflate = functools.partial(decompress, raw, encoding, max_bytes=bound)
+            # Only a compressed body waits for the inflating threads (a plain one never queues behind bombs).
+            body = await loop.run_in_executor(self._inflate, inflate) if encoding.strip() else inflate()
             req = parse_request(query, body)
         except TimeoutError:
             headers["Connection"] = "close"
@@ -671,6 +676,7 @@ class SqlServer:
                                           f"endpoint reach the database {self.database}", code=497, name="ACCESS_DENIED")
             return self._error(refused.clickhouse_text(), headers, status=403)
         client = await loop.run_in_executor(self._aux, client_of, request)
+        self.site.busy(request)  # bounded by the slots and the queue: never evicted for a new connection
         try:
             await self.slots.acquire(client, lim.queue_timeout_s)
         except TimeoutError:
