@@ -8,7 +8,10 @@ serves an ``AppRunner``'s handlers on a bound socket with:
 - at most ``max_connections`` open at once, never more than a quarter of the process's
   descriptor limit; a new connection past it takes the place of the one that has waited longest
   without a handler holding or awaiting work (``busy``: a query slot), so half-sent requests and
-  idle connections cannot lock clients out; when every connection is busy, the new one is closed;
+  idle connections cannot lock clients out (one whose request has not begun goes first); when
+  every connection is busy, the new one is closed;
+- a client (on loopback: the user owning the peer socket, from ``/proc/net/tcp``; else the peer
+  address) holding the most connections is the one that loses its oldest idle one;
 - a request head that must be complete ``header_timeout_s`` after its first byte;
 - a connection with no request in progress closed after ``idle_timeout_s`` (a client that
   stops reading its response counts as idle too).
@@ -20,6 +23,7 @@ a deadline and bounds each query).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import resource
@@ -52,6 +56,47 @@ def descriptor_cap(wanted: int) -> int:
     return max(1, min(wanted, soft // 4)) if soft != resource.RLIM_INFINITY else wanted
 
 
+def _hex_addr(addr: tuple[str, int]) -> str | None:
+    try:
+        return f"{socket.inet_aton(addr[0])[::-1].hex().upper()}:{addr[1]:04X}"
+    except OSError:
+        return None
+
+
+class SocketOwners:
+    """User ids owning this host's IPv4 TCP connections, by (local, remote) address
+    (``/proc/net/tcp``), read again when a connection is not in it (at most every ``min_age_s``
+    unless asked for ``fresh``): on loopback every client has the same address, its user tells
+    clients apart (processes of one user are one client)."""
+
+    def __init__(self, min_age_s: float = 0.2) -> None:
+        self.min_age_s = min_age_s
+        self._table: dict[tuple[str, str], int] = {}
+        self._read_at = -1e9
+
+    def _read(self) -> None:
+        table = {}
+        try:
+            with open("/proc/net/tcp") as f:
+                next(f, None)
+                for line in f:
+                    parts = line.split()
+                    if len(parts) > 7 and parts[3] == "01":  # ESTABLISHED (a TIME_WAIT entry has no owner)
+                        table[parts[1], parts[2]] = int(parts[7])
+        except (OSError, ValueError):
+            return
+        self._table, self._read_at = table, time.monotonic()
+
+    def uid(self, peer: tuple[str, int], ours: tuple[str, int], *, fresh: bool = False) -> int | None:
+        """The owner of the client's socket of the connection ``peer`` -> ``ours``."""
+        key = (_hex_addr(peer), _hex_addr(ours))
+        if None in key:
+            return None
+        if key not in self._table and (fresh or time.monotonic() - self._read_at > self.min_age_s):
+            self._read()
+        return self._table.get(key)  # type: ignore[call-overload]
+
+
 class _Guard(asyncio.Protocol):
     """Wraps one aiohttp request handler: counts the connection and times its request heads."""
 
@@ -66,6 +111,25 @@ class _Guard(asyncio.Protocol):
         self.idle_since = time.monotonic()
         self.since = self.idle_since
         """When it last changed state (opened, began a head, began a request, answered)."""
+        self.peer: Any = None
+        self.ours: Any = None
+        self._client: Any = None
+
+    def client_key(self, *, fresh: bool = False) -> Any:
+        """``("uid", N)`` for a loopback peer whose socket owner is known, else ``("ip", address)``
+        (a loopback owner not found yet is looked up again next time)."""
+        if self._client is not None:
+            return self._client
+        if not self.peer:
+            return ("ip", "?")
+        if not str(self.peer[0]).startswith("127."):
+            self._client = ("ip", self.peer[0])
+            return self._client
+        uid = self.site.owners.uid(self.peer, self.ours, fresh=fresh) if self.ours else None
+        if uid is None:
+            return ("ip", self.peer[0])
+        self._client = ("uid", uid)
+        return self._client
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -74,6 +138,8 @@ class _Guard(asyncio.Protocol):
             transport.abort()
             return
         self.transport = transport
+        self.peer = transport.get_extra_info("peername")
+        self.ours = transport.get_extra_info("sockname")
         self.site.guards[self.inner] = self
         self.inner.connection_made(transport)
 
@@ -118,6 +184,7 @@ class LimitedSite:
         """Connections closed at once because ``max_connections`` were open and busy."""
         self.evicted = 0
         """Connections closed to make room for a new one."""
+        self.owners = SocketOwners()
         self.expired = 0
         """Connections closed for a late request head or idleness."""
         self._server: asyncio.Server | None = None
@@ -143,12 +210,21 @@ class LimitedSite:
         if guard is not None:
             guard.busy = busy
 
+    def client(self, request: web.Request) -> Any:
+        """Who ``request`` comes from (see ``_Guard.client_key``); None once its connection is gone."""
+        guard = self.guards.get(request.protocol)
+        return guard.client_key(fresh=True) if guard is not None else None
+
     def evict_one(self) -> bool:
-        """Close the connection that has waited longest without being busy; False if all are busy."""
+        """Close one connection of the client holding the most: the one that has waited longest
+        without being busy (one whose request has not begun first); False if all are busy."""
         victims = [g for g in self.guards.values() if not g.busy and g.transport is not None]
         if not victims:
             return False
-        victim = min(victims, key=lambda g: g.since)
+        keys = {g: g.client_key() for g in self.guards.values()}
+        held = collections.Counter(keys.values())
+        heaviest = max(held[keys[g]] for g in victims)
+        victim = min((g for g in victims if held[keys[g]] == heaviest), key=lambda g: (g.in_request, g.since))
         self.evicted += 1
         self.guards.pop(victim.inner, None)
         assert victim.transport is not None

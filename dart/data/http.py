@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -30,6 +31,7 @@ import os
 import re
 import socket
 import tempfile
+import threading
 import urllib.parse
 import uuid
 import zlib
@@ -382,15 +384,10 @@ class Engine:
                                   "changes it), so it is not run; rewrite the query", "canonical-form")
         return ascii_bytes
 
-    def run(self, req: SqlRequest, *, writer: bool = False, tag: str = "") -> tuple[bytes, str, dict[str, Any]]:
-        """Run one request; SqlRefused / BadSql for a statement this role may not run (nothing ran).
-        ``tag`` names the query for ``kill``."""
-        import chdb
-
-        sqlguard.check_text(req.sql)
-        if req.database not in (None, self.database):
-            raise sqlguard.SqlRefused("dart-database-only", f"database {req.database} is refused: clients of this "
-                                      f"endpoint reach the database {self.database}", code=497, name="ACCESS_DENIED")
+    def precheck(self, req: SqlRequest) -> tuple[str, bytes | None, str | None]:
+        """The checks on the request's text that need no chdb (so the server runs them before a
+        query slot): the statement's size and bracket depth; returns (statement, INSERT data,
+        data format) with the data of an ``INSERT ... VALUES`` split off."""
         head, data, data_format = req.sql, req.insert_data, req.insert_format
         if data is None and (split := sqlguard.split_insert(req.sql)) is not None:
             head, text, data_format = split
@@ -403,6 +400,18 @@ class Engine:
             raise sqlguard.SqlRefused("query-size", f"the statement nests brackets {depth} deep, over the limit of "
                                       f"{self.limits.max_bracket_depth} (SqlLimits.max_bracket_depth)", code=62,
                                       name="SYNTAX_ERROR")
+        return head, data, data_format
+
+    def run(self, req: SqlRequest, *, writer: bool = False, tag: str = "") -> tuple[bytes, str, dict[str, Any]]:
+        """Run one request; SqlRefused / BadSql for a statement this role may not run (nothing ran).
+        ``tag`` names the query for ``kill``."""
+        import chdb
+
+        sqlguard.check_text(req.sql)
+        if req.database not in (None, self.database):
+            raise sqlguard.SqlRefused("dart-database-only", f"database {req.database} is refused: clients of this "
+                                      f"endpoint reach the database {self.database}", code=497, name="ACCESS_DENIED")
+        head, data, data_format = self.precheck(req)
         conn = chdb.connect(self.path)
         try:
             # Always our database: chdb's `default` is a window on the host's files.
@@ -476,6 +485,12 @@ class Engine:
         }
 
 
+def _lowest_priority() -> None:
+    """Nice 19 for the calling thread (on Linux a thread's nice value is its own)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
 class Slots:
     """Query slots: ``total`` at once, ``per_client`` of them per client, ``max_waiting`` waiting;
     ``acquire`` raises TimeoutError after ``timeout`` (or at once when the queue is full)."""
@@ -511,40 +526,6 @@ class Slots:
             self._changed.notify_all()
 
 
-def _loopback_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
-    """The user id owning the client's end of a loopback TCP connection (Linux /proc/net/tcp),
-    or None: on loopback every client has the same address, its user tells clients apart."""
-
-    def hex_addr(addr: tuple[str, int]) -> str:
-        return f"{socket.inet_aton(addr[0])[::-1].hex().upper()}:{addr[1]:04X}"
-
-    want_local, want_remote = hex_addr(peer), hex_addr(local)
-    try:
-        with open("/proc/net/tcp") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) > 7 and parts[1] == want_local and parts[2] == want_remote:
-                    return int(parts[7])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def client_of(request: web.Request) -> Any:
-    """Who a request comes from, for the per-client slots: ``("uid", N)`` on loopback (the peer
-    socket's owner), else ``("ip", address)``."""
-    transport = request.transport
-    peer = transport.get_extra_info("peername") if transport is not None else None
-    local = transport.get_extra_info("sockname") if transport is not None else None
-    if not peer:
-        return ("ip", "?")
-    if peer[0].startswith("127.") and local and len(peer) == 2:
-        uid = _loopback_uid((peer[0], peer[1]), (local[0], local[1]))
-        if uid is not None:
-            return ("uid", uid)
-    return ("ip", peer[0])
-
-
 class SqlServer:
     """aiohttp app serving an Engine; ``await start()`` returns the bound port.
 
@@ -568,8 +549,11 @@ class SqlServer:
         self._pool = ThreadPoolExecutor(max_workers=lim.max_concurrent, thread_name_prefix="dart-sql")
         # Inflating bodies, telling clients apart and killing queries never wait behind running
         # queries, nor behind each other.
-        self._inflate = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-inflate")
+        # Inflating runs at the lowest CPU priority: a client's bombs never take CPU from the projection.
+        self._inflate = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-inflate",
+                                           initializer=_lowest_priority)
         self._aux = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-aux")
+        self._killer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-kill")
         self.slots = Slots(lim.max_concurrent, lim.max_concurrent_per_client, lim.max_queued)
         self.site = LimitedSite(ConnectionLimits(lim.max_connections, lim.header_timeout_s, lim.idle_timeout_s))
         self._runner: web.AppRunner | None = None
@@ -617,6 +601,11 @@ class SqlServer:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._aux.shutdown(wait=False, cancel_futures=True)
         self._inflate.shutdown(wait=False, cancel_futures=True)
+        self._killer.shutdown(wait=False, cancel_futures=True)
+
+    def _release(self, loop: asyncio.AbstractEventLoop, client: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed (the server stopped) first
+            asyncio.run_coroutine_threadsafe(self.slots.release(client), loop)
 
     async def _ping(self, request: web.Request) -> web.Response:
         return web.Response(text="Ok.\n")
@@ -675,7 +664,13 @@ class SqlServer:
             refused = sqlguard.SqlRefused("dart-database-only", f"database {req.database} is refused: clients of this "
                                           f"endpoint reach the database {self.database}", code=497, name="ACCESS_DENIED")
             return self._error(refused.clickhouse_text(), headers, status=403)
-        client = await loop.run_in_executor(self._aux, client_of, request)
+        try:  # before a slot: a bomb never holds one
+            await loop.run_in_executor(self._aux, self.engine.precheck, req)  # it lexes the whole text
+        except sqlguard.SqlRefused as exc:
+            return self._error(exc.clickhouse_text(), headers, status=403)
+        client = self.site.client(request)
+        if client is None:  # its connection was closed meanwhile (evicted, or the client left)
+            raise asyncio.CancelledError
         self.site.busy(request)  # bounded by the slots and the queue: never evicted for a new connection
         try:
             await self.slots.acquire(client, lim.queue_timeout_s)
@@ -687,11 +682,11 @@ class SqlServer:
         tag = f"dart-http-{uuid.uuid4()}"
         job = self._pool.submit(self.engine.run, req, writer=writer, tag=tag)
         # The slot comes back when the query has stopped (not when its client left).
-        job.add_done_callback(lambda _: asyncio.run_coroutine_threadsafe(self.slots.release(client), loop))
+        job.add_done_callback(lambda _: self._release(loop, client))
         try:
             data, fmt, summary = await asyncio.wrap_future(job)
         except asyncio.CancelledError:  # the client went away: stop its query
-            loop.run_in_executor(self._aux, self.engine.kill, tag)
+            loop.run_in_executor(self._killer, self.engine.kill, tag)
             raise
         except sqlguard.SqlRefused as exc:
             log.info("refused %s: %s", query_id, exc)
