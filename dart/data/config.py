@@ -233,9 +233,10 @@ class SqlLimits:
     """A request body must arrive within this, else HTTP 408 and the connection is closed."""
     idle_timeout_s: float = 30.0
     """A connection with no request in progress for this long is closed."""
-    max_query_chars: int = 100_000
+    max_query_chars: int = 32_768
     """Longest statement (an INSERT's data after FORMAT X / VALUES does not count): ClickHouse's
-    parser is superlinear on some texts, so its time is bounded by bounding the text."""
+    parser is slow on some texts (nested brackets, long lists inside them), so its time is
+    bounded by bounding the text (dart's own report queries are a few KB)."""
     max_bracket_depth: int = 128
     """Deepest nesting of ( [ { in a statement (counted over the raw text, inside strings too):
     unclosed nesting is what makes ClickHouse's parser slow."""

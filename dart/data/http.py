@@ -60,6 +60,7 @@ TRANSPORT_PARAMS = frozenset({
 })
 _TRAILING_FORMAT = re.compile(r"\bFORMAT\s+(\w+)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 _INSERT = re.compile(r"^\s*INSERT\b", re.IGNORECASE)
+_INSERT_ANYWHERE = re.compile(r"\bINSERT\b", re.IGNORECASE)
 # An INSERT whose statement and data share the body (clickhouse-connect's insert()): the data
 # starts after the format name and one line break (or one space).
 _BODY_INSERT = re.compile(rb"^\s*INSERT\b.*?\bFORMAT\s+(\w+)(?:[ \t]*\r?\n|[ \t])?", re.IGNORECASE | re.DOTALL)
@@ -389,7 +390,9 @@ class Engine:
         query slot): the statement's size and bracket depth; returns (statement, INSERT data,
         data format) with the data of an ``INSERT ... VALUES`` split off."""
         head, data, data_format = req.sql, req.insert_data, req.insert_format
-        if data is None and (split := sqlguard.split_insert(req.sql)) is not None:
+        # Only an INSERT's text may run past the size limit (its data after VALUES): skip lexing others.
+        maybe_insert = len(req.sql) <= self.limits.max_query_chars or _INSERT_ANYWHERE.search(req.sql[:4096])
+        if data is None and maybe_insert and (split := sqlguard.split_insert(req.sql)) is not None:
             head, text, data_format = split
             data = text.encode("utf-8")
         if len(head) > self.limits.max_query_chars:
