@@ -44,7 +44,7 @@ def test_the_endpoint_under_load_beside_a_short_dart_up(tmp_path: Path) -> None:
     run = tmp_path / "run"
     config = tmp_path / "up.yaml"
     config.write_text(
-        f"run_id: loadup\nworkdir: {run}\nrl_minutes: 1.0\nmax_trajectories: 2\nevaluate: false\n"
+        f"run_id: loadup\nworkdir: {run}\nrl_minutes: 0.5\nmax_trajectories: 2\nevaluate: false\n"
         "recipe: {train_tasks: 2, eval_tasks: 2, eval_episodes: 2, sft_demos: 2, sft_steps: 1, tasks_per_update: 1, "
         "group_size: 2, max_new_tokens: 8}\nenv: {slots: 2}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DART_KAFKA_")}
