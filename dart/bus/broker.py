@@ -10,9 +10,14 @@ Secured dev broker (what tansu 0.6.0 as shipped can run; tests/bus/test_secured_
 - **TLS** (``tls=``, or ``DART_DEV_BROKER_TLS=1`` for ``dart up`` / ``dart broker``): tansu's
   own ``--cert`` and ``--key`` cannot be given together (its CLI declares them conflicting),
   so the dev broker terminates TLS itself (:class:`TlsFront`, Python's ``ssl``) on the public
-  port and forwards to tansu on a private loopback port; tansu advertises the public port, so
-  every client reaches it over TLS only. The private port is loopback-only plaintext: a
-  production broker does TLS itself.
+  port and forwards to tansu; tansu advertises the public port, so every client reaches it over
+  TLS. There is no way around the TLS: tansu runs in a network namespace of its own (``unshare
+  --net``, with ``--map-root-user`` when not root; :mod:`dart.bus.private_broker`), whose
+  loopback no other process shares, and the front reaches it through a Unix socket (mode 0600,
+  in a 0700 directory) relayed to that loopback; and the front asks every client for a
+  certificate signed by the throwaway CA (mutual TLS: ``DART_KAFKA_CERT_FILE`` /
+  ``DART_KAFKA_KEY_FILE``, set by ``DART_DEV_BROKER_TLS=1`` for every service). Where no network
+  namespace can be made, TLS mode refuses to start.
 - **SASL** (``authentication=True``: ``tansu broker --authentication``): the broker then
   refuses every unauthenticated client, but a user cannot be created on memory storage
   (``tansu user create`` must itself authenticate and gets "early eof"), and this build has no
@@ -32,6 +37,8 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -88,11 +95,15 @@ def broker_answers(bootstrap: str, timeout_s: float = 1.0, security: BusSecurity
 
 @dataclass(frozen=True)
 class BrokerTls:
-    """A server certificate and key for the dev broker, and the CA clients trust it with."""
+    """A server certificate and key for the dev broker, the CA clients trust it with, and (for
+    mutual TLS) a client certificate and key signed by that CA: the front then refuses clients
+    without one."""
 
     cert_file: Path
     key_file: Path
     ca_file: Path
+    client_cert_file: Path | None = None
+    client_key_file: Path | None = None
 
 
 def throwaway_tls(directory: Path, *, name: str = "dart-dev") -> BrokerTls:
@@ -103,12 +114,19 @@ def throwaway_tls(directory: Path, *, name: str = "dart-dev") -> BrokerTls:
     ext = d / f"{name}-ext.cnf"
     ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
                    "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+    client_ext = d / f"{name}-client-ext.cnf"
+    client_ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+                          "extendedKeyUsage=clientAuth\n")
     steps = [
         ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}-ca.key", "-out", f"{name}-ca.pem",
          "-days", "1", "-subj", f"/CN={name} throwaway CA"],
         ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", "/CN=127.0.0.1"],
         ["x509", "-req", "-in", f"{name}.csr", "-CA", f"{name}-ca.pem", "-CAkey", f"{name}-ca.key", "-CAcreateserial",
          "-out", f"{name}.pem", "-days", "1", "-extfile", ext.name],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}-client.key", "-out", f"{name}-client.csr",
+         "-subj", "/CN=dart client"],
+        ["x509", "-req", "-in", f"{name}-client.csr", "-CA", f"{name}-ca.pem", "-CAkey", f"{name}-ca.key",
+         "-CAcreateserial", "-out", f"{name}-client.pem", "-days", "1", "-extfile", client_ext.name],
     ]
     openssl = shutil.which("openssl")
     if openssl is None:
@@ -117,16 +135,19 @@ def throwaway_tls(directory: Path, *, name: str = "dart-dev") -> BrokerTls:
         done = subprocess.run([openssl, *argv], cwd=d, capture_output=True, text=True, check=False)
         if done.returncode:
             raise BusError(f"openssl {argv[0]} failed: {done.stderr.strip()}")
-    for key in (d / f"{name}-ca.key", d / f"{name}.key"):
+    for key in (d / f"{name}-ca.key", d / f"{name}.key", d / f"{name}-client.key"):
         key.chmod(0o600)
-    return BrokerTls(d / f"{name}.pem", d / f"{name}.key", d / f"{name}-ca.pem")
+    return BrokerTls(d / f"{name}.pem", d / f"{name}.key", d / f"{name}-ca.pem", d / f"{name}-client.pem",
+                     d / f"{name}-client.key")
 
 
 class TlsFront:
-    """TLS on ``port`` (loopback), forwarded byte for byte to the broker's plaintext ``target``
-    port: the dev broker's TLS (see the module docstring). Runs its own event loop in a thread."""
+    """TLS on ``port`` (loopback), forwarded byte for byte to the broker: the Unix socket
+    ``target`` (a path) or a plaintext loopback port (an int). With a client certificate in
+    ``tls``, a client must present one signed by the same CA (see the module docstring). Runs its
+    own event loop in a thread."""
 
-    def __init__(self, port: int, target: int, tls: BrokerTls) -> None:
+    def __init__(self, port: int, target: int | Path, tls: BrokerTls) -> None:
         self.port, self.target, self.tls = port, target, tls
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -134,6 +155,9 @@ class TlsFront:
     def start(self) -> TlsFront:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(self.tls.cert_file, self.tls.key_file)
+        if self.tls.client_cert_file is not None:
+            context.verify_mode = ssl.CERT_REQUIRED  # mutual TLS: the CA's client certificate or nothing
+            context.load_verify_locations(cafile=str(self.tls.ca_file))
         started = threading.Event()
         errors: list[BaseException] = []
 
@@ -163,7 +187,10 @@ class TlsFront:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+            if isinstance(self.target, Path):
+                up_reader, up_writer = await asyncio.open_unix_connection(str(self.target))
+            else:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
         except OSError:
             writer.close()
             return
@@ -197,6 +224,17 @@ class DevBroker:
         self._proc: subprocess.Popen[bytes] | None = None
         self._front: TlsFront | None = None
         self._inner_port: int | None = None
+        self._private: Path | None = None
+
+    @property
+    def inner_port(self) -> int | None:
+        """Tansu's own plaintext port behind the TLS front (in its private network namespace)."""
+        return self._inner_port
+
+    @property
+    def relay_socket(self) -> Path | None:
+        """The Unix socket the TLS front reaches tansu through (TLS mode)."""
+        return self._private / "tansu.sock" if self._private is not None else None
 
     @property
     def bootstrap(self) -> str:
@@ -204,7 +242,11 @@ class DevBroker:
 
     def client_security(self) -> BusSecurity | None:
         """What a client needs to reach this broker (None: plaintext, or SASL it cannot pass)."""
-        return BusSecurity(protocol="SSL", ca_file=str(self.tls.ca_file)) if self.tls else None
+        if self.tls is None:
+            return None
+        return BusSecurity(protocol="SSL", ca_file=str(self.tls.ca_file),
+                           cert_file=str(self.tls.client_cert_file) if self.tls.client_cert_file else None,
+                           key_file=str(self.tls.client_key_file) if self.tls.client_key_file else None)
 
     def use_tls_from_env(self, environ: dict[str, str] | Any = None) -> None:
         """``DART_DEV_BROKER_TLS=1``: serve TLS with a throwaway CA (next to ``log_path``, else in a
@@ -220,6 +262,8 @@ class DevBroker:
         self.tls = throwaway_tls(where)
         env["DART_KAFKA_SECURITY_PROTOCOL"] = "SSL"
         env["DART_KAFKA_CA_FILE"] = str(self.tls.ca_file)
+        env["DART_KAFKA_CERT_FILE"] = str(self.tls.client_cert_file)
+        env["DART_KAFKA_KEY_FILE"] = str(self.tls.client_key_file)
 
     def start(self, timeout_s: float = 15.0) -> DevBroker:
         self.use_tls_from_env()
@@ -230,10 +274,13 @@ class DevBroker:
                f"tcp://127.0.0.1:{self.port}", "--storage-engine", "memory://tansu/"]
         if self.authentication:
             cmd.append("--authentication")
+        target: int | Path = self._inner_port or 0
+        if self.tls is not None:
+            cmd, target = self._in_private_network(cmd)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         if self.tls is not None:
-            self._front = TlsFront(self.port, self._inner_port or 0, self.tls).start()
+            self._front = TlsFront(self.port, target, self.tls).start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -245,6 +292,22 @@ class DevBroker:
             time.sleep(0.05)
         self.stop()
         raise BusError(f"tansu did not answer a metadata request on {self.bootstrap} within {timeout_s} s")
+
+    def _in_private_network(self, cmd: list[str]) -> tuple[list[str], Path]:
+        """``cmd`` run in a network namespace of its own, reached through a Unix socket."""
+        unshare = shutil.which("unshare")
+        if unshare is None:
+            raise ToolMissing("the TLS dev broker runs tansu in a private network namespace: install util-linux "
+                              "(unshare)")
+        probe = [unshare, "--net", *([] if os.geteuid() == 0 else ["--map-root-user"]), "true"]
+        if subprocess.run(probe, capture_output=True, check=False).returncode:
+            raise BusError("the TLS dev broker runs tansu in a private network namespace (so its plaintext port is "
+                           f"reachable by no other process), and `{' '.join(probe)}` is not permitted here: allow "
+                           "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or run as root")
+        self._private = Path(tempfile.mkdtemp(prefix="dart-broker-"))  # 0700
+        sock = self._private / "tansu.sock"
+        return [*probe[:-1], sys.executable, "-m", "dart.bus.private_broker", str(sock), str(self._inner_port),
+                "--", *cmd], sock
 
     def _answers(self) -> bool:
         if self.authentication:  # nobody can log in (see the module docstring): a listening port is all
@@ -259,12 +322,15 @@ class DevBroker:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends; tansu exits at once on it
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends; tansu (or its private-network relay) exits on it
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the relay and tansu with it
             proc.wait()
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
+            self._private = None
         log.info("dev broker on %s stopped", self.bootstrap)
 
     @property

@@ -79,6 +79,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     broker = DevBroker(port=args.port).start()
     print(f"dev broker (tansu) on {broker.bootstrap}; storage in memory; Ctrl-C stops it", flush=True)
+    if broker.tls is not None:  # mutual TLS: clients need the CA and the throwaway client certificate
+        tls = broker.tls
+        print(f"TLS only (tansu in a private network namespace); clients: DART_KAFKA_SECURITY_PROTOCOL=SSL "
+              f"DART_KAFKA_CA_FILE={tls.ca_file} DART_KAFKA_CERT_FILE={tls.client_cert_file} "
+              f"DART_KAFKA_KEY_FILE={tls.client_key_file}", flush=True)
     if args.prefix:
         created = ensure_topics(BusConfig(bootstrap=broker.bootstrap, prefix=args.prefix))
         print(f"created {len(created)} topics with prefix {args.prefix}", flush=True)

@@ -19,12 +19,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,77 @@ async def lag(consumer: Any, group: str) -> None:
 # ---------------------------------------------------------------- the exporter
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """A scrape is not worth a log line."""
+
+
+class BoundedMetricsServer(WSGIServer):
+    """The /metrics HTTP server with bounded connections: at most ``max_connections`` served at
+    once (a thread each; past it a new one is closed at once), every socket read timing out after
+    ``timeout_s``, and any connection still open ``deadline_s`` after it was accepted shut down (a
+    client sending one byte at a time). prometheus_client's own server starts a thread for every
+    connection and keeps idle ones open for ever."""
+
+    max_connections = 16
+    request_queue_size = 64  # listen backlog: accepted (and refused past the limit) rather than left in SYN retries
+    timeout_s = 5.0
+    deadline_s = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Lock()
+        self._open: dict[socket.socket, float] = {}
+        self.refused = 0
+        threading.Thread(target=self._reap, name="dart-metrics-reaper", daemon=True).start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            if len(self._open) >= self.max_connections:
+                self.refused += 1
+                self.shutdown_request(request)
+                return
+            self._open[request] = time.monotonic()
+        request.settimeout(self.timeout_s)
+        threading.Thread(target=self._serve, args=(request, client_address), name="dart-metrics",
+                         daemon=True).start()
+
+    def _serve(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # a client that timed out or went away
+            log.debug("metrics request from %s failed", client_address, exc_info=True)
+        finally:
+            self.shutdown_request(request)
+            with self._lock:
+                self._open.pop(request, None)
+
+    def _reap(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.deadline_s / 4))
+            now = time.monotonic()
+            with self._lock:
+                late = [s for s, t in self._open.items() if now - t > self.deadline_s]
+            for s in late:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+
+def serve_metrics(host: str, port: int) -> BoundedMetricsServer:
+    """Serve the default registry on ``host:port`` (0: the OS chooses) from a daemon thread."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    server_class = type("MetricsServer", (BoundedMetricsServer,), {"address_family": family})
+    server = make_server(host, port, make_wsgi_app(), server_class, handler_class=_QuietHandler)
+    assert isinstance(server, BoundedMetricsServer)
+    threading.Thread(target=server.serve_forever, name="dart-metrics-server", daemon=True).start()
+    return server
+
+
 def service_name(command: str) -> str:
     return os.environ.get("DART_SERVICE") or f"{command}-{os.getpid()}"
 
@@ -118,7 +192,7 @@ def start_exporter(name: str, *, port: int | None = None, host: str | None = Non
     ``port_dir/<name>.port`` (atomically: a reader never sees half a number). Returns the port."""
     host = host or os.environ.get("DART_METRICS_HOST", "127.0.0.1")
     port = int(os.environ.get("DART_METRICS_PORT", "0")) if port is None else port
-    server, _thread = start_http_server(port, addr=host)
+    server = serve_metrics(host, port)
     chosen = int(server.server_port)
     if port_dir is not None:
         port_dir.mkdir(parents=True, exist_ok=True)

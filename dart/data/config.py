@@ -218,12 +218,41 @@ class SqlLimits:
     """Queries run at once; each holds a worker thread."""
     queue_timeout_s: float = 5.0
     """A request that finds `max_concurrent` queries running waits this long, then gets HTTP 503."""
+    max_concurrent_per_client: int = 2
+    """Queries one client runs at once (a client: the user id owning the peer socket on loopback,
+    else the peer address), so one client never holds every slot."""
+    max_queued: int = 64
+    """Requests waiting for a slot; past it a request gets HTTP 503 at once."""
+    max_connections: int = 256
+    """Open connections; past it a new one is closed at once. Kept well below the process's file
+    descriptor limit (the endpoint takes at most a quarter of it) so the projection always has
+    descriptors left."""
+    header_timeout_s: float = 10.0
+    """A connection that began a request must finish its headers within this, else it is closed."""
+    body_timeout_s: float = 30.0
+    """A request body must arrive within this, else HTTP 408 and the connection is closed."""
+    idle_timeout_s: float = 30.0
+    """A connection with no request in progress for this long is closed."""
+    max_query_chars: int = 32_768
+    """Longest statement (an INSERT's data after FORMAT X / VALUES does not count): ClickHouse's
+    parser is slow on some texts (nested brackets, long lists inside them), so its time is
+    bounded by bounding the text (dart's own report queries are a few KB)."""
+    max_bracket_depth: int = 128
+    """Deepest nesting of ( [ { in a statement (counted over the raw text, inside strings too):
+    unclosed nesting is what makes ClickHouse's parser slow."""
+    max_inflate_ratio: int = 100
+    """A compressed body may inflate to at most this many times its size (and `max_body_bytes`)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_result_rows", "max_result_bytes", "max_memory_bytes", "max_concurrent"):
+        for name in ("max_body_bytes", "max_result_rows", "max_result_bytes", "max_memory_bytes", "max_concurrent",
+                     "max_concurrent_per_client", "max_connections", "max_query_chars", "max_bracket_depth",
+                     "max_inflate_ratio"):
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         require(self.max_execution_time_s > 0, "max_execution_time_s", f"must be > 0, got {self.max_execution_time_s}")
         require(self.queue_timeout_s >= 0, "queue_timeout_s", f"must be >= 0, got {self.queue_timeout_s}")
+        require(self.max_queued >= 0, "max_queued", f"must be >= 0, got {self.max_queued}")
+        for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
+            require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -30,6 +31,7 @@ import os
 import re
 import socket
 import tempfile
+import threading
 import urllib.parse
 import uuid
 import zlib
@@ -41,6 +43,7 @@ from typing import Any
 
 from aiohttp import web
 
+from dart.bus.httplimits import ConnectionLimits, LimitedSite
 from dart.data import sqlguard
 from dart.data.config import HttpConfig, SqlLimits
 from dart.errors import ConfigError, DartError
@@ -57,6 +60,7 @@ TRANSPORT_PARAMS = frozenset({
 })
 _TRAILING_FORMAT = re.compile(r"\bFORMAT\s+(\w+)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 _INSERT = re.compile(r"^\s*INSERT\b", re.IGNORECASE)
+_INSERT_ANYWHERE = re.compile(r"\bINSERT\b", re.IGNORECASE)
 # An INSERT whose statement and data share the body (clickhouse-connect's insert()): the data
 # starts after the format name and one line break (or one space).
 _BODY_INSERT = re.compile(rb"^\s*INSERT\b.*?\bFORMAT\s+(\w+)(?:[ \t]*\r?\n|[ \t])?", re.IGNORECASE | re.DOTALL)
@@ -72,6 +76,10 @@ _IN_SCOPE = re.compile(r"\s*: In scope SELECT formatQuerySingleLine\(.*", re.DOT
 
 class BadRequest(DartError, ValueError):
     """An HTTP request the endpoint cannot read (answered with 400)."""
+
+
+class BodyTooLarge(BadRequest):
+    """A body that inflates past its bound (answered with 413)."""
 
 
 class Unauthorized(DartError, PermissionError):
@@ -205,8 +213,9 @@ def decompress(body: bytes, encoding: str, *, max_bytes: int = 1 << 62) -> bytes
     """Undo a Content-Encoding clickhouse-connect or curl may use; BadRequest past ``max_bytes``
     inflated (so a small compressed bomb cannot fill memory).
 
-    NOTE: aiohttp already inflates some encodings (gzip, deflate, and zstd where available)
-    while reading the body; a body without the format's magic bytes is taken as inflated.
+    The endpoint reads bodies as sent (aiohttp's own inflating is off: it runs on the event loop
+    with no ratio bound) and calls this on a worker thread. A body without the format's magic
+    bytes is taken as not compressed (some clients name an encoding they did not apply).
     """
     enc = encoding.strip().lower()
     if enc in ("", "identity", "none"):
@@ -228,13 +237,17 @@ def decompress(body: bytes, encoding: str, *, max_bytes: int = 1 << 62) -> bytes
 
             out = _inflate(zstd.ZstdDecompressor(), body, max_bytes)
     except zlib.error:
-        if enc == "deflate":
+        if enc != "deflate":
+            raise BadRequest("body is not valid gzip") from None
+        try:  # raw deflate (no zlib header), as some clients send it
+            out = zlib.decompressobj(wbits=-15).decompress(body, max_bytes + 1)
+        except zlib.error:
             return body
-        raise BadRequest("body is not valid gzip") from None
     except Exception as exc:  # the lz4/zstd bindings raise their own error types
         raise BadRequest(f"body is not valid {enc}: {exc}") from exc
     if len(out) > max_bytes:
-        raise BadRequest(f"body inflates to more than {max_bytes} bytes (SqlLimits.max_body_bytes)")
+        raise BodyTooLarge(f"body inflates to more than {max_bytes} bytes (SqlLimits.max_body_bytes, and at most "
+                           "SqlLimits.max_inflate_ratio times its compressed size)")
     return out
 
 
@@ -308,14 +321,44 @@ class Engine:
         self.path = str(path)
         self.limits = limits or SqlLimits()
         self.database = database
+        self.databases = sqlguard.OTHER_DATABASES
+        """Lower-case names of the databases other than ours (``refresh_databases`` adds chdb's)."""
 
-    def _limit_settings(self) -> str:
+    def refresh_databases(self) -> None:
+        """Create our database if it is not there yet (every session runs in it, never in chdb's
+        ``default``) and learn every other database chdb has (blocking), so a dotted name in any
+        of them is refused by name (``sqlguard.check_tables``)."""
+        import chdb
+
+        conn = chdb.connect(self.path)
+        try:
+            conn.query(f"CREATE DATABASE IF NOT EXISTS `{self.database}`", "TabSeparated")
+            names = (conn.query("SELECT name FROM system.databases", "TabSeparatedRaw").bytes() or b"").decode()
+        finally:
+            conn.close()
+        self.databases = sqlguard.OTHER_DATABASES | {n.lower() for n in names.split("\n")
+                                                     if n and n.lower() != self.database.lower()}
+
+    def kill(self, tag: str) -> None:
+        """Stop the query run under ``tag`` (its client went away); blocking, best effort."""
+        import chdb
+
+        conn = chdb.connect(self.path)
+        try:
+            conn.query(f"KILL QUERY WHERE Settings['log_comment'] = {sqlguard.literal(tag)} ASYNC", "TabSeparated")
+        except Exception:  # the query may have ended meanwhile
+            log.debug("KILL QUERY %s failed", tag, exc_info=True)
+        finally:
+            conn.close()
+
+    def _limit_settings(self, tag: str) -> str:
         lim = self.limits
         # Values expressions off: an INSERT's data is data, never a function call such as file().
+        # log_comment tags the query so `kill` finds it (clients cannot set it: not in ALLOWED_SETTINGS).
         return (f"SET max_execution_time = {lim.max_execution_time_s:g}, max_result_rows = {lim.max_result_rows}, "
                 f"max_result_bytes = {lim.max_result_bytes}, result_overflow_mode = 'throw', "
                 f"max_memory_usage = {lim.max_memory_bytes}, input_format_values_interpret_expressions = 0, "
-                "input_format_values_deduce_templates_of_expressions = 0")
+                f"input_format_values_deduce_templates_of_expressions = 0, log_comment = {sqlguard.literal(tag)}")
 
     @staticmethod
     def canonical(conn: Any, text: str) -> str:
@@ -342,20 +385,40 @@ class Engine:
                                   "changes it), so it is not run; rewrite the query", "canonical-form")
         return ascii_bytes
 
-    def run(self, req: SqlRequest, *, writer: bool = False) -> tuple[bytes, str, dict[str, Any]]:
-        """Run one request; SqlRefused / BadSql for a statement this role may not run (nothing ran)."""
+    def precheck(self, req: SqlRequest) -> tuple[str, bytes | None, str | None]:
+        """The checks on the request's text that need no chdb (so the server runs them before a
+        query slot): the statement's size and bracket depth; returns (statement, INSERT data,
+        data format) with the data of an ``INSERT ... VALUES`` split off."""
+        head, data, data_format = req.sql, req.insert_data, req.insert_format
+        # Only an INSERT's text may run past the size limit (its data after VALUES): skip lexing others.
+        maybe_insert = len(req.sql) <= self.limits.max_query_chars or _INSERT_ANYWHERE.search(req.sql[:4096])
+        if data is None and maybe_insert and (split := sqlguard.split_insert(req.sql)) is not None:
+            head, text, data_format = split
+            data = text.encode("utf-8")
+        if len(head) > self.limits.max_query_chars:
+            raise sqlguard.SqlRefused("query-size", f"the statement is {len(head)} characters, over the limit of "
+                                      f"{self.limits.max_query_chars} (SqlLimits.max_query_chars)", code=62,
+                                      name="SYNTAX_ERROR")
+        if (depth := sqlguard.bracket_depth(head)) > self.limits.max_bracket_depth:
+            raise sqlguard.SqlRefused("query-size", f"the statement nests brackets {depth} deep, over the limit of "
+                                      f"{self.limits.max_bracket_depth} (SqlLimits.max_bracket_depth)", code=62,
+                                      name="SYNTAX_ERROR")
+        return head, data, data_format
+
+    def run(self, req: SqlRequest, *, writer: bool = False, tag: str = "") -> tuple[bytes, str, dict[str, Any]]:
+        """Run one request; SqlRefused / BadSql for a statement this role may not run (nothing ran).
+        ``tag`` names the query for ``kill``."""
         import chdb
 
         sqlguard.check_text(req.sql)
-        head, data, data_format = req.sql, req.insert_data, req.insert_format
-        if data is None and (split := sqlguard.split_insert(req.sql)) is not None:
-            head, text, data_format = split
-            data = text.encode("utf-8")
+        if req.database not in (None, self.database):
+            raise sqlguard.SqlRefused("dart-database-only", f"database {req.database} is refused: clients of this "
+                                      f"endpoint reach the database {self.database}", code=497, name="ACCESS_DENIED")
+        head, data, data_format = self.precheck(req)
         conn = chdb.connect(self.path)
         try:
-            database = req.database or self.database
-            if database:
-                conn.query(f"USE `{database}`", "TabSeparated")
+            # Always our database: chdb's `default` is a window on the host's files.
+            conn.query(f"USE `{self.database}`", "TabSeparated")
             if req.settings:
                 try:
                     conn.query("SET " + ", ".join(f"{k} = {sqlguard.literal(v)}" for k, v in req.settings.items()),
@@ -363,18 +426,22 @@ class Engine:
                 except Exception as exc:  # a value chdb cannot read for that setting: the client's error
                     raise sqlguard.BadSql(f"a URL setting's value: {str(exc).strip()}", "bad-setting-value") from None
             # After the client's settings, so its own values cannot raise the limits or lift readonly.
-            conn.query(self._limit_settings(), "TabSeparated")
+            conn.query(self._limit_settings(tag or f"dart-http-{uuid.uuid4()}"), "TabSeparated")
             if not writer:
                 conn.query("SET readonly = 1", "TabSeparated")
             canonical = self.canonical(conn, head)
             statement = sqlguard.inspect(canonical)
             sqlguard.check_keyword(statement, writer=writer)
+            if writer and statement.keyword in sqlguard.READ_KEYWORDS:
+                conn.query("SET readonly = 1", "TabSeparated")  # the writer's reads are reads too
             # chdb runs every statement of the text it is given, EXPLAIN AST A; B included: the text
             # sent is itself ClickHouse's canonical one statement, not a prefix glued to a checked one.
             explain = self.canonical(conn, f"EXPLAIN AST {canonical}")
-            ast = conn.query(explain, "TabSeparatedRaw", **_params(req))
-            sqlguard.check_ast(ast.bytes().decode("utf-8", "replace"), writer=writer, database=self.database,
-                               statement=statement)
+            ast = conn.query(explain, "TabSeparatedRaw", **_params(req)).bytes().decode("utf-8", "replace")
+            sqlguard.check_ast(ast, writer=writer, database=self.database, statement=statement,
+                               databases=self.databases)
+            if writer:
+                sqlguard.check_writer(statement, ast, self.database)
             inserts_data = statement.keyword == "INSERT" and statement.output_format is not None \
                 and "SELECT" not in statement.words
             if data is not None or inserts_data:
@@ -421,20 +488,77 @@ class Engine:
         }
 
 
+def _lowest_priority() -> None:
+    """Nice 19 for the calling thread (on Linux a thread's nice value is its own)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
+class Slots:
+    """Query slots: ``total`` at once, ``per_client`` of them per client, ``max_waiting`` waiting;
+    ``acquire`` raises TimeoutError after ``timeout`` (or at once when the queue is full)."""
+
+    def __init__(self, total: int, per_client: int, max_waiting: int) -> None:
+        self.total, self.per_client, self.max_waiting = total, per_client, max_waiting
+        self.running: dict[Any, int] = {}
+        self.waiting = 0
+        self._changed = asyncio.Condition()
+
+    def _free(self, client: Any) -> bool:
+        return sum(self.running.values()) < self.total and self.running.get(client, 0) < self.per_client
+
+    async def acquire(self, client: Any, timeout: float) -> None:
+        async with self._changed:
+            if not self._free(client):
+                if self.waiting >= self.max_waiting:
+                    raise TimeoutError("queue full")
+                self.waiting += 1
+                try:
+                    await asyncio.wait_for(self._changed.wait_for(lambda: self._free(client)), timeout)
+                finally:
+                    self.waiting -= 1
+            self.running[client] = self.running.get(client, 0) + 1
+
+    async def release(self, client: Any) -> None:
+        async with self._changed:
+            left = self.running.get(client, 0) - 1
+            if left > 0:
+                self.running[client] = left
+            else:
+                self.running.pop(client, None)
+            self._changed.notify_all()
+
+
 class SqlServer:
-    """aiohttp app serving an Engine; ``await start()`` returns the bound port."""
+    """aiohttp app serving an Engine; ``await start()`` returns the bound port.
+
+    No client can starve it: connections are bounded (``dart.bus.httplimits``: count, request
+    head and idle deadlines), a body must arrive within ``body_timeout_s`` and is inflated on a
+    worker thread within ``max_inflate_ratio``, statements are bounded in size and nesting before
+    ClickHouse parses them, and queries take slots (``max_concurrent``, ``max_concurrent_per_client``,
+    a bounded queue with a wait limit); a client that goes away has its query killed, and its slot
+    comes back when the query has stopped."""
 
     def __init__(self, path: Path, *, host: str = "127.0.0.1", port: int = 0, limits: SqlLimits | None = None,
                  writer: Writer | None = None, database: str = "dart") -> None:
         self.limits = limits or SqlLimits()
         self.database = database
-        """The one database analytics clients read (with the catalogue tables in sqlguard)."""
+        """The one database clients reach (with the catalogue tables in sqlguard)."""
         self.engine = Engine(path, self.limits, database)
         self.host = host
         self.port = port
         self.writer = writer
-        self._pool = ThreadPoolExecutor(max_workers=self.limits.max_concurrent, thread_name_prefix="dart-sql")
-        self._slots = asyncio.Semaphore(self.limits.max_concurrent)
+        lim = self.limits
+        self._pool = ThreadPoolExecutor(max_workers=lim.max_concurrent, thread_name_prefix="dart-sql")
+        # Inflating bodies, telling clients apart and killing queries never wait behind running
+        # queries, nor behind each other.
+        # Inflating runs at the lowest CPU priority: a client's bombs never take CPU from the projection.
+        self._inflate = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-inflate",
+                                           initializer=_lowest_priority)
+        self._aux = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-aux")
+        self._killer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-kill")
+        self.slots = Slots(lim.max_concurrent, lim.max_concurrent_per_client, lim.max_queued)
+        self.site = LimitedSite(ConnectionLimits(lim.max_connections, lim.header_timeout_s, lim.idle_timeout_s))
         self._runner: web.AppRunner | None = None
 
     @classmethod
@@ -450,28 +574,41 @@ class SqlServer:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> int:
-        app = web.Application(client_max_size=self.limits.max_body_bytes)
+        await asyncio.get_running_loop().run_in_executor(self._aux, self.engine.refresh_databases)
+        app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self.site.middleware])
         app.router.add_route("GET", "/ping", self._ping)
         app.router.add_route("HEAD", "/ping", self._ping)
         app.router.add_route("*", "/", self._query)
         # lingering_time: after refusing an oversized body, drain it for at most a second
         # (aiohttp's default is 10 s per connection), then drop the connection.
-        self._runner = web.AppRunner(app, access_log=None, lingering_time=1.0)
+        # auto_decompress off: aiohttp would inflate on the event loop; _answer inflates on a thread.
+        # handler_cancellation: a client that hangs up cancels its handler, which kills its query.
+        self._runner = web.AppRunner(app, access_log=None, lingering_time=1.0, auto_decompress=False,
+                                     handler_cancellation=True, keepalive_timeout=self.limits.idle_timeout_s)
         await self._runner.setup()
         # Bind the socket here so port 0 tells us which port it got.
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
-        log.info("SQL over HTTP at %s (ClickHouse protocol, read-only for analytics clients%s; try: dart sql --url %s "
-                 "'SELECT 1')", self.url, ", writer enabled" if self.writer else "", self.url)
+        await self.site.start(self._runner, sock)
+        log.info("SQL over HTTP at %s (ClickHouse protocol, read-only for analytics clients%s; at most %d connections; "
+                 "try: dart sql --url %s 'SELECT 1')", self.url, ", writer enabled" if self.writer else "",
+                 self.site.max_connections, self.url)
         return self.port
 
     async def stop(self) -> None:
+        await self.site.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._aux.shutdown(wait=False, cancel_futures=True)
+        self._inflate.shutdown(wait=False, cancel_futures=True)
+        self._killer.shutdown(wait=False, cancel_futures=True)
+
+    def _release(self, loop: asyncio.AbstractEventLoop, client: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed (the server stopped) first
+            asyncio.run_coroutine_threadsafe(self.slots.release(client), loop)
 
     async def _ping(self, request: web.Request) -> web.Response:
         return web.Response(text="Ok.\n")
@@ -495,7 +632,8 @@ class SqlServer:
                                "(rule: malformed-request)", headers, status=400)
         headers["X-ClickHouse-Query-Id"] = query_id if _SETTING.match(query_id.replace("-", "_")) else "invalid"
         log.debug("%s %s encoding=%s", request.method, query, request.headers.get("Content-Encoding"))
-        max_body = self.limits.max_body_bytes
+        lim = self.limits
+        max_body = lim.max_body_bytes
         try:
             writer = role_of(*credentials(request.headers, query), self.writer)
         except Unauthorized as exc:
@@ -505,27 +643,54 @@ class SqlServer:
             headers["Connection"] = "close"
             return self._error(f"Code: 307. DB::Exception: request body of {request.content_length} bytes is over the "
                                f"limit of {max_body} (SqlLimits.max_body_bytes). (TOO_MANY_BYTES)", headers, status=413)
+        loop = asyncio.get_running_loop()
         try:
-            body = decompress(await request.read(), request.headers.get("Content-Encoding", ""), max_bytes=max_body)
+            raw = await asyncio.wait_for(request.read(), lim.body_timeout_s)
+            encoding = request.headers.get("Content-Encoding", "")
+            bound = min(max_body, max(len(raw) * lim.max_inflate_ratio, 1 << 16))
+            inflate = functools.partial(decompress, raw, encoding, max_bytes=bound)
+            # Only a compressed body waits for the inflating threads (a plain one never queues behind bombs).
+            body = await loop.run_in_executor(self._inflate, inflate) if encoding.strip() else inflate()
             req = parse_request(query, body)
+        except TimeoutError:
+            headers["Connection"] = "close"
+            return self._error(f"Code: 159. DB::Exception: the request body did not arrive within {lim.body_timeout_s:g} s "
+                               "(SqlLimits.body_timeout_s). (TIMEOUT_EXCEEDED)", headers, status=408)
         except web.HTTPRequestEntityTooLarge:
             return self._error(f"Code: 307. DB::Exception: request body is over the limit of {max_body} bytes "
                                "(SqlLimits.max_body_bytes). (TOO_MANY_BYTES)", headers, status=413)
+        except BodyTooLarge as exc:
+            return self._error(f"Code: 307. DB::Exception: {exc}. (TOO_MANY_BYTES)", headers, status=413)
         except (DartError, OSError) as exc:
             return self._error(f"Code: 27. DB::Exception: bad request: {exc}", headers, status=400)
-        if not writer and req.database not in (None, self.database):
-            refused = sqlguard.SqlRefused("dart-database-only", f"database {req.database} is refused: analytics "
-                                          f"clients read the database {self.database}", code=497, name="ACCESS_DENIED")
+        if req.database not in (None, self.database):
+            refused = sqlguard.SqlRefused("dart-database-only", f"database {req.database} is refused: clients of this "
+                                          f"endpoint reach the database {self.database}", code=497, name="ACCESS_DENIED")
             return self._error(refused.clickhouse_text(), headers, status=403)
+        try:  # before a slot: a bomb never holds one
+            await loop.run_in_executor(self._aux, self.engine.precheck, req)  # it lexes the whole text
+        except sqlguard.SqlRefused as exc:
+            return self._error(exc.clickhouse_text(), headers, status=403)
+        client = self.site.client(request)
+        if client is None:  # its connection was closed meanwhile (evicted, or the client left)
+            raise asyncio.CancelledError
+        self.site.busy(request)  # bounded by the slots and the queue: never evicted for a new connection
         try:
-            await asyncio.wait_for(self._slots.acquire(), self.limits.queue_timeout_s)
+            await self.slots.acquire(client, lim.queue_timeout_s)
         except TimeoutError:
-            return self._error(f"Code: 202. DB::Exception: {self.limits.max_concurrent} queries are running "
-                               "(SqlLimits.max_concurrent); retry later. (TOO_MANY_SIMULTANEOUS_QUERIES)", headers,
+            return self._error(f"Code: 202. DB::Exception: {lim.max_concurrent} queries are running "
+                               f"(SqlLimits.max_concurrent, {lim.max_concurrent_per_client} per client) and "
+                               f"{self.slots.waiting} waiting; retry later. (TOO_MANY_SIMULTANEOUS_QUERIES)", headers,
                                status=503)
+        tag = f"dart-http-{uuid.uuid4()}"
+        job = self._pool.submit(self.engine.run, req, writer=writer, tag=tag)
+        # The slot comes back when the query has stopped (not when its client left).
+        job.add_done_callback(lambda _: self._release(loop, client))
         try:
-            run = functools.partial(self.engine.run, req, writer=writer)
-            data, fmt, summary = await asyncio.get_running_loop().run_in_executor(self._pool, run)
+            data, fmt, summary = await asyncio.wrap_future(job)
+        except asyncio.CancelledError:  # the client went away: stop its query
+            loop.run_in_executor(self._killer, self.engine.kill, tag)
+            raise
         except sqlguard.SqlRefused as exc:
             log.info("refused %s: %s", query_id, exc)
             return self._error(exc.clickhouse_text(), headers, status=403)
@@ -538,8 +703,6 @@ class SqlServer:
             if m and m.group(1) in _REFUSED_CODES:  # refused by chdb itself, not failed
                 return self._error(f"{str(exc).rstrip()} (rule: {_REFUSED_CODES[m.group(1)]})", headers, status=403)
             return self._error(str(exc), headers)
-        finally:
-            self._slots.release()
         headers.update({"X-ClickHouse-Format": fmt, "X-ClickHouse-Summary": json.dumps(summary)})
         ctype = "text/plain; charset=UTF-8" if fmt.startswith(("TabSeparated", "TSV", "CSV", "JSON", "Pretty")) \
             else "application/octet-stream"

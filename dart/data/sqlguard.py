@@ -63,10 +63,11 @@ ClickHouse) is refused: an allowlist, so a new external source is refused by def
 SAFE_ENGINES = frozenset({
     "mergetree", "replacingmergetree", "summingmergetree", "aggregatingmergetree", "collapsingmergetree",
     "versionedcollapsingmergetree", "coalescingmergetree", "memory", "log", "tinylog", "stripelog", "null",
-    "set", "join", "buffer", "merge", "generaterandom",
+    "set", "join", "generaterandom",
 })
-"""Table engines a writer may create: storage in this process. File, URL, S3, HDFS, Kafka,
-MySQL, PostgreSQL, ODBC, JDBC, Distributed, Executable, Dictionary, ... are refused."""
+"""Table engines a writer may create: storage in this process, naming no other table. File, URL,
+S3, HDFS, Kafka, MySQL, PostgreSQL, ODBC, JDBC, Distributed, Executable, Dictionary, ... are
+refused, and so are Merge and Buffer (they read or write a table of another database)."""
 
 _TABLE_FUNCTION_PARENTS = frozenset({"TableExpression", "InsertQuery", "CreateQuery"})
 """AST nodes whose Function children are table functions (FROM f(), INSERT INTO FUNCTION f(),
@@ -85,7 +86,7 @@ with ``dictget`` are refused too (typed variants such as dictGetString)."""
 
 ANALYTICS_DENIED_FUNCTIONS = frozenset({"joinget", "joingetornull", "hascolumnintable"})
 """Scalar functions that name a table in a string (so the table rule cannot see it): refused to
-analytics clients."""
+every client."""
 
 ALLOWED_SYSTEM_TABLES = frozenset({
     "settings", "one", "numbers", "numbers_mt", "zeros", "zeros_mt", "functions", "table_functions", "formats",
@@ -96,7 +97,23 @@ reads ``system.settings`` when it connects). Not ``processes``, ``query_log`` (o
 queries), ``disks``, ``tables``, ``databases``, ``parts`` (host paths), nor anything else. The dart
 database's own tables and columns: ``SHOW TABLES``, ``DESCRIBE t``, ``EXISTS t``, ``SHOW CREATE TABLE t``."""
 
-_SYSTEM_DATABASES = frozenset({"system", "information_schema"})
+OTHER_DATABASES = frozenset({"system", "information_schema", "default", "_temporary_and_external_tables"})
+"""Databases other than dart that chdb has (lower case; the endpoint adds what ``system.databases``
+lists when it starts). chdb's ``default`` is an Overlay whose Filesystem part makes every host
+path a table (``default.`/etc/passwd```): the endpoint keeps every session in the dart database
+and refuses every name in another database, whatever the construct (``FROM``, ``JOIN``, ``IN
+db.t``, ``SHOW TABLES FROM``, ``?database=``) and whether or not the object exists, before
+anything runs: one refusal, no oracle."""
+
+TABLE_SETTINGS = frozenset({"index_granularity"})
+"""MergeTree settings a writer's ``CREATE TABLE`` may set (dart's migrations set this one). Not
+``disk``, ``storage_policy`` or anything else that may name a path."""
+
+WRITER_ALTER_COMMANDS = frozenset({"ADD_COLUMN", "DROP_COLUMN", "MODIFY_COLUMN", "RENAME_COLUMN", "COMMENT_COLUMN",
+                                   "DELETE", "UPDATE"})
+"""``ALTER TABLE`` commands a writer may run (``AlterCommand`` kinds in ClickHouse's parse): changes
+to a dart table's columns and rows. Not partitions (``ATTACH/MOVE/FETCH PARTITION`` reach other
+tables and servers), ``FREEZE`` (writes a backup), settings or TTL moves."""
 
 ALLOWED_SETTINGS = frozenset({
     # what clickhouse-connect sends when it connects, queries and inserts
@@ -190,6 +207,16 @@ def check_text(text: str, what: str = "the query") -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise BadSql(f"{what} is not UTF-8: {exc}", "malformed-request") from exc
+
+
+def bracket_depth(text: str) -> int:
+    """Deepest nesting of ``( [ {`` in ``text``, counted naively (inside literals too): a bound on
+    it is a bound on ClickHouse's parse time, which grows with unclosed nesting."""
+    depth = deepest = 0
+    for m in re.finditer(r"[(\[{]|[)\]}]", text):
+        depth = depth + 1 if m.group() in "([{" else max(0, depth - 1)
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def literal(text: str) -> str:
@@ -359,6 +386,8 @@ def inspect(canonical: str) -> Statement:
             clauses += bool(found)
             settings += found
     for name in settings:
+        if kinds[0] == "CREATE" and name in TABLE_SETTINGS:
+            continue  # a table's own setting (the writer's CREATE TABLE); check_writer reads the rest
         check_setting(name)
         if name in LIMIT_SETTINGS:
             raise SqlRefused("server-limits", f"setting {name} in the query is refused: the server's limits apply "
@@ -441,20 +470,22 @@ def _children(nodes: list[_Node], k: int) -> list[_Node]:
 
 
 def _refuse_table(name: str) -> SqlRefused:
-    return SqlRefused("dart-database-only", f"{name} is refused: analytics clients read the dart database and "
+    return SqlRefused("dart-database-only", f"{name} is refused: clients of this endpoint reach the dart database and "
                       f"the catalogue tables system.{{{', '.join(sorted(ALLOWED_SYSTEM_TABLES))}}}", code=497,
                       name="ACCESS_DENIED")
 
 
-def _check_table(db: str, table: str, database: str | None) -> None:
+def _check_table(db: str, table: str, database: str | None, shown: str | None = None) -> None:
     if db == "" or db == database or (db == "system" and table.lower() in ALLOWED_SYSTEM_TABLES):
         return
-    raise _refuse_table(f"{db}.{table}" if table else f"database {db}")
+    raise _refuse_table(shown or (f"{db}.{table}" if table else f"database {db}"))
 
 
-def check_tables(nodes: list[_Node], statement: Statement | None, database: str | None) -> None:
-    """The analytics table rule: every table named in the parse is in ``database`` (unqualified
-    names are: the endpoint makes it the current database) or an allowed system table."""
+def check_tables(nodes: list[_Node], statement: Statement | None, database: str | None,
+                 databases: frozenset[str] = OTHER_DATABASES) -> None:
+    """The table rule (every client): every table named in the parse is in ``database``
+    (unqualified names are: the endpoint makes it the current database) or an allowed system
+    table; a dotted name whose first part is one of ``databases`` (lower case) is a table there."""
     root = nodes[0]
     while root.kind == "Explain" and len(nodes) > 1:
         nodes = nodes[1:]
@@ -472,10 +503,10 @@ def check_tables(nodes: list[_Node], statement: Statement | None, database: str 
         _check_table(parts[1] if len(parts) > 2 else "", parts[2] if len(parts) > 2 else "", database)
     for k, node in enumerate(nodes):
         if node.kind == "TableIdentifier" or (node.kind == "Identifier" and "." in node.name
-                                             and node.name.split(".")[0].lower() in _SYSTEM_DATABASES):
+                                             and node.name.split(".")[0].lower() in databases):
             db, _, table = node.name.partition(".")
             if table:
-                _check_table(db, table.split(".")[0], database)
+                _check_table(db, table.split(".")[0], database, node.name)
         elif node.kind == "Function" and node.name.lower() == "merge":
             args = _children(nodes, k)
             first = _children(nodes, k + 1)[:1] if args and args[0].kind == "ExpressionList" else []
@@ -487,7 +518,7 @@ def check_tables(nodes: list[_Node], statement: Statement | None, database: str 
 
 
 def check_ast(ast: str, *, writer: bool = False, database: str | None = None,
-              statement: Statement | None = None) -> None:
+              statement: Statement | None = None, databases: frozenset[str] = OTHER_DATABASES) -> None:
     """Refuse what ClickHouse's parse of the statement shows: a non-read statement or a table
     outside ``database`` (analytics clients), a table function outside
     :data:`SAFE_TABLE_FUNCTIONS`, a :data:`DENIED_FUNCTIONS` call, a denied format, a
@@ -504,7 +535,7 @@ def check_ast(ast: str, *, writer: bool = False, database: str | None = None,
                 raise SqlRefused("read-only", f"{node.kind} is refused: this endpoint is read-only for analytics "
                                  "clients")
             break
-        check_tables(nodes, statement, database)
+    check_tables(nodes, statement, database, databases)
     if statement is not None and sum(n.kind == "Set" for n in nodes) > statement.settings_clauses:
         raise SqlRefused("settings-allow-list", "a SETTINGS clause this endpoint cannot read is refused",
                          code=115, name="UNKNOWN_SETTING")
@@ -522,8 +553,11 @@ def check_ast(ast: str, *, writer: bool = False, database: str | None = None,
         if node.kind != "Function":
             continue
         name = node.name.lower()
-        parent = next((p for p in reversed(nodes[:k]) if p.depth < node.depth), None)
-        if parent is not None and parent.kind == "Storage" and name not in SAFE_ENGINES:
+        pk = next((j for j in range(k - 1, -1, -1) if nodes[j].depth < node.depth), None)
+        parent = nodes[pk] if pk is not None else None
+        # The engine is the storage definition's first child (ORDER BY (a, b) is a tuple() after it).
+        is_engine = parent is not None and parent.kind == "Storage" and pk == k - 1
+        if is_engine and name not in SAFE_ENGINES:
             raise SqlRefused("no-external-tables", f"table engine {node.name} is refused: it reaches outside the "
                              "projection (files, URLs, other servers, programs)", code=497, name="ACCESS_DENIED")
         if parent is not None and parent.kind in _TABLE_FUNCTION_PARENTS and name not in SAFE_TABLE_FUNCTIONS:
@@ -541,3 +575,114 @@ def check_keyword(statement: Statement, *, writer: bool = False) -> None:
         raise SqlRefused("read-only", f"{statement.keyword} is refused: this endpoint is read-only for analytics "
                          "clients (SELECT, WITH, SHOW, DESCRIBE, EXISTS, EXPLAIN); DDL, DML, SET, SYSTEM and KILL "
                          "need the writer credentials, and SET is never needed (use URL parameters)")
+
+
+def _refuse_write(what: str) -> SqlRefused:
+    return SqlRefused("writer-allow-list", f"{what} is refused: the writer runs INSERT INTO a dart table with a data "
+                      "format (VALUES or FORMAT X), CREATE TABLE / CREATE VIEW / CREATE DATABASE of the dart database, "
+                      "DROP TABLE / DROP VIEW / TRUNCATE / ALTER TABLE (columns and rows) of a dart table, and the reads "
+                      "every client may run; nothing else (no BACKUP, RESTORE, SYSTEM, ATTACH, KILL, RENAME, named "
+                      "collections, users or other databases)", code=497, name="ACCESS_DENIED")
+
+
+_WRITER_ROOTS = {"INSERT": "InsertQuery", "CREATE": "CreateQuery", "DROP": "DropQuery", "TRUNCATE": "TruncateQuery",
+                 "ALTER": "AlterQuery"}
+
+
+def _target(toks: list[_Tok], k: int, database: str) -> int:
+    """Read ``name`` or ``db.name`` at ``toks[k]``; refuse a database other than ``database``.
+    Returns the index after it."""
+    if k >= len(toks) or not (toks[k].kind == "IDENT" or toks[k].kind[:1] in _WORD_START):
+        raise _refuse_write("a statement without a table name where one belongs")
+    if k + 2 < len(toks) and toks[k + 1].kind == ".":
+        if _name(toks[k]) != database:
+            raise _refuse_table(f"{_name(toks[k])}.{_name(toks[k + 2])}")
+        return k + 3
+    return k + 1
+
+
+def _skip_parens(toks: list[_Tok], k: int) -> int:
+    """Index after the parenthesised run starting at ``toks[k]`` (``(``), or ``k`` when none starts there."""
+    if k >= len(toks) or toks[k].kind != "(":
+        return k
+    depth = 0
+    for j in range(k, len(toks)):
+        depth += (toks[j].kind == "(") - (toks[j].kind == ")")
+        if not depth:
+            return j + 1
+    raise BadSql("unbalanced parentheses")
+
+
+def _optional(words: tuple[str, ...], k: int, *seq: str) -> int:
+    return k + len(seq) if words[k:k + len(seq)] == seq else k
+
+
+def check_writer(statement: Statement, ast: str, database: str) -> None:
+    """The writer's allow-list, over the canonical tokens and ClickHouse's parse (``check_ast``
+    runs too: functions, engines, table functions, every table reference). Reads are judged as
+    an analytics client's are (the caller keeps them read-only); every other statement must be
+    one of the shapes below, on a table of ``database``."""
+    if statement.keyword in READ_KEYWORDS:
+        check_ast(ast, writer=False, database=database, statement=statement)
+        return
+    nodes = _nodes(ast)
+    root = _WRITER_ROOTS.get(statement.keyword)
+    if root is None or not nodes or nodes[0].kind != root:
+        raise _refuse_write(" ".join(statement.words[:2]) or "an empty statement")
+    toks = _lex(statement.text)
+    words = statement.words
+    if statement.keyword == "INSERT":
+        # INSERT INTO [TABLE] [db.]t [(columns)] [SETTINGS ...] FORMAT X: the data is the body's
+        k = _optional(words, _optional(words, 1, "INTO"), "TABLE")
+        if k == 1 or words[k:k + 1] == ("FUNCTION",):
+            raise _refuse_write("INSERT INTO FUNCTION")
+        _target(toks, k, database)
+        if statement.output_format is None or "SELECT" in words or "WITH" in words:
+            raise _refuse_write("an INSERT without a data format (INSERT ... SELECT)")
+        return
+    if statement.keyword == "CREATE":
+        k = _optional(words, 1, "OR", "REPLACE")
+        kind = words[k:k + 1]
+        k = _optional(words, k + 1, "IF", "NOT", "EXISTS")
+        if kind == ("DATABASE",):
+            if len(toks) != k + 1 or _name(toks[k]) != database:
+                raise _refuse_write("CREATE DATABASE of another database, or with an engine or settings")
+            return
+        if kind not in (("TABLE",), ("VIEW",)):
+            raise _refuse_write(f"CREATE {' '.join(words[1:k])}")
+        k = _target(toks, k, database)
+        after = _skip_parens(toks, k)
+        if kind == ("TABLE",):
+            if after == k:
+                raise _refuse_write("CREATE TABLE without a column list (AS another table, a table function or "
+                                    "CLONE)")
+            depth = 0
+            for t in toks[after:]:
+                depth += (t.kind == "(") - (t.kind == ")")
+                if not depth and t.kind in ("AS", "TTL", "CLONE", "EMPTY"):
+                    raise _refuse_write(f"CREATE TABLE ... {t.kind}")
+            for name in statement.settings:
+                if name not in TABLE_SETTINGS:
+                    raise _refuse_write(f"table setting {name}")
+            return
+        # a plain view: its query is checked by check_ast like any read (tables, table functions)
+        if words[after:after + 1] != ("AS",) or words[after + 1:after + 2] not in (("SELECT",), ("WITH",), ("(",)):
+            raise _refuse_write("CREATE VIEW other than CREATE VIEW v AS SELECT ... (no TO, DEFINER, REFRESH)")
+        return
+    if statement.keyword in ("DROP", "TRUNCATE"):
+        k = 1
+        if statement.keyword == "DROP" or words[1:2] == ("TABLE",):
+            if words[1:2] not in (("TABLE",), ("VIEW",)):
+                raise _refuse_write(f"{statement.keyword} {' '.join(words[1:2])}")
+            k = 2
+        k = _target(toks, _optional(words, k, "IF", "EXISTS"), database)
+        if words[k:] not in ((), ("SYNC",)):
+            raise _refuse_write(f"{statement.keyword} of more than one table, or with {' '.join(words[k:k + 2])}")
+        return
+    # ALTER TABLE [db.]t command, ...: only the commands on columns and rows
+    if words[1:2] != ("TABLE",):
+        raise _refuse_write(f"ALTER {' '.join(words[1:2])}")
+    _target(toks, 2, database)
+    commands = [n.name for n in nodes if n.kind == "AlterCommand"]
+    if not commands or any(c not in WRITER_ALTER_COMMANDS for c in commands):
+        raise _refuse_write(f"ALTER TABLE ... {', '.join(c for c in commands if c not in WRITER_ALTER_COMMANDS)}")

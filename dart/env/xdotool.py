@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dart.agent.actions import Action, Click, Drag, Hotkey, LeftDouble, RightSingle, Scroll, Type
 from dart.errors import EnvError
@@ -121,14 +122,15 @@ def _type_argvs(content: str, delay_ms: int) -> list[Argv]:
     return out
 
 
-async def run_argvs(argvs: Sequence[Argv], *, env: Mapping[str, str], timeout_s: float = 20.0) -> None:
+async def run_argvs(argvs: Sequence[Argv], *, env: Mapping[str, str], timeout_s: float = 20.0,
+                    spawn: Mapping[str, Any] | None = None) -> None:
     """Run xdotool command lines in order on the display named by ``env['DISPLAY']``.
 
     EnvError if one fails or hangs: the display is gone or wedged (an infra error).
     """
     for argv in argvs:
         proc = await asyncio.create_subprocess_exec(
-            *argv, env=dict(env), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+            *argv, env=dict(env), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, **(spawn or {})
         )
         try:
             _, err = await asyncio.wait_for(proc.communicate(), timeout_s)

@@ -6,20 +6,28 @@ with vLLM's extensions: ``choices[0].token_ids``, top-level ``prompt_token_ids``
 ``logprobs.content[i]`` (``token``, ``logprob``, ``top_logprobs``) plus dart's own
 ``entropy`` beside each log-prob and ``dart_policy_version`` / ``dart_newer_version_seen``.
 ``GET /v1/models`` and ``GET /health`` answer too. Binds 127.0.0.1 by default.
+
+Images are bounded by pixels before they are decoded (``ImageLimits``): each image's declared
+size is read from its header, and an image past the prompt's pixel budget, more images than a
+prompt holds, or more pixels in all are refused with a 400 naming the limit; requests are parsed
+on a worker thread, so the event loop keeps answering while an image decodes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import io
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from dart.agent.prompt import decode_image
+from dart.agent.prompt import PromptConfig, decode_image
 from dart.errors import DartError
 from dart.events import Sampling
 from dart.rollout.engine import Engine, EngineError, GenerateRequest, TransientEngineError
@@ -31,8 +39,34 @@ class BadRequest(DartError, ValueError):
     """The request body is not a chat-completions request this server can answer."""
 
 
-def parse_request(body: Any) -> GenerateRequest:
-    """A GenerateRequest from a chat-completions body; BadRequest names what is wrong."""
+@dataclass(frozen=True, slots=True)
+class ImageLimits:
+    """What the images of one request may cost, checked on each image's declared size (its header)
+    before it is decoded. The defaults are the prompt's own budget (``PromptConfig``): a larger
+    screenshot is resized down to ``max_pixels`` anyway, and a prompt holds ``max_images``."""
+
+    max_images: int = PromptConfig().max_images
+    max_pixels: int = PromptConfig().max_pixels
+    """Per image (width x height as declared)."""
+    max_total_pixels: int = PromptConfig().max_images * PromptConfig().max_pixels
+
+
+def declared_size(data: bytes) -> tuple[int, int]:
+    """(width, height) an image's header declares, read without decoding its pixels."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return img.size
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise BadRequest(f"image is not a readable PNG/JPEG: {exc}") from exc
+
+
+def parse_request(body: Any, limits: ImageLimits | None = None) -> GenerateRequest:
+    """A GenerateRequest from a chat-completions body; BadRequest names what is wrong (images past
+    ``limits`` included, refused before they are decoded)."""
+    limits = limits or ImageLimits()
+    total_pixels = 0
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
         raise BadRequest("body must be a JSON object with a non-empty 'messages' list")
     messages: list[dict[str, Any]] = []
@@ -52,8 +86,20 @@ def parse_request(body: Any) -> GenerateRequest:
             if kind == "text":
                 items.append({"type": "text", "text": str(item.get("text", ""))})
             elif kind == "image_url":
-                url = (item.get("image_url") or {}).get("url", "")
-                images.append(decode_image(_data_url_bytes(url)))
+                if len(images) >= limits.max_images:
+                    raise BadRequest(f"more than {limits.max_images} images in one request (ImageLimits.max_images: "
+                                     "a prompt holds no more)")
+                data = _data_url_bytes((item.get("image_url") or {}).get("url", ""))
+                width, height = declared_size(data)
+                if width * height > limits.max_pixels:
+                    raise BadRequest(f"image {len(images)} declares {width}x{height} = {width * height} pixels, over "
+                                     f"{limits.max_pixels} (ImageLimits.max_pixels, the prompt's pixel budget): send "
+                                     "it resized")
+                total_pixels += width * height
+                if total_pixels > limits.max_total_pixels:
+                    raise BadRequest(f"the images declare more than {limits.max_total_pixels} pixels in all "
+                                     "(ImageLimits.max_total_pixels)")
+                images.append(data)  # decoded once every image of the request has passed the limits
                 items.append({"type": "image"})
             else:
                 raise BadRequest(f"messages[{i}]: unsupported content item {kind!r}")
@@ -71,7 +117,7 @@ def parse_request(body: Any) -> GenerateRequest:
         raise BadRequest(f"bad sampling parameter: {exc}") from exc
     if not 1 <= max_tokens <= 32768 or sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
         raise BadRequest("need 1 <= max_tokens <= 32768, temperature >= 0, 0 < top_p <= 1")
-    return GenerateRequest(messages=messages, images=images, sampling=sampling)
+    return GenerateRequest(messages=messages, images=[decode_image(data) for data in images], sampling=sampling)
 
 
 def _data_url_bytes(url: str) -> bytes:
@@ -85,15 +131,17 @@ def _data_url_bytes(url: str) -> bytes:
         raise BadRequest(f"image data URL is not valid base64: {exc}") from exc
 
 
-def make_app(engine: Engine, *, model_name: str = "policy", tokenizer: Any = None) -> web.Application:
+def make_app(engine: Engine, *, model_name: str = "policy", tokenizer: Any = None,
+             image_limits: ImageLimits | None = None) -> web.Application:
     """The aiohttp application; ``tokenizer`` (optional) names tokens in the log-prob list."""
+    limits = image_limits or ImageLimits()
 
     def token_text(tid: int) -> str:
         return tokenizer.decode([tid]) if tokenizer is not None else f"token_id:{tid}"
 
     async def completions(request: web.Request) -> web.Response:
         try:
-            gen_request = parse_request(await request.json())
+            gen_request = await asyncio.to_thread(parse_request, await request.json(), limits)
         except (DartError, ValueError) as exc:
             return web.json_response(
                 {"error": {"message": str(exc), "type": "invalid_request_error"}}, status=400

@@ -12,6 +12,8 @@ import asyncio
 import logging
 import os
 import shutil
+import socket
+import stat
 import subprocess
 import sys
 import uuid
@@ -43,6 +45,8 @@ def secured(monkeypatch, broker: DevBroker, prefix: str) -> BusConfig:
     assert broker.tls is not None
     monkeypatch.setenv("DART_KAFKA_SECURITY_PROTOCOL", "SSL")
     monkeypatch.setenv("DART_KAFKA_CA_FILE", str(broker.tls.ca_file))
+    monkeypatch.setenv("DART_KAFKA_CERT_FILE", str(broker.tls.client_cert_file))
+    monkeypatch.setenv("DART_KAFKA_KEY_FILE", str(broker.tls.client_key_file))
     return BusConfig(bootstrap=broker.bootstrap, prefix=prefix)
 
 
@@ -119,6 +123,26 @@ async def test_a_client_without_tls_or_trusting_another_ca_is_refused(tls_broker
     await producer.stop()
 
 
+def test_the_tls_front_is_the_only_way_in(tls_broker, tmp_path) -> None:
+    """Issue 44: tansu's plaintext port is in a network namespace of its own (nothing on this
+    host's loopback answers there), the relay socket is its owner's only, and a client must show
+    a certificate signed by the broker's CA (trusting the CA is not enough)."""
+    assert tls_broker.tls is not None and tls_broker.inner_port is not None
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", tls_broker.inner_port)) != 0  # nothing listens here
+    assert refused(f"127.0.0.1:{tls_broker.inner_port}")
+    sock = tls_broker.relay_socket
+    assert sock is not None and stat.S_ISSOCK(sock.stat().st_mode)
+    assert sock.stat().st_mode & 0o777 == 0o600 and sock.parent.stat().st_mode & 0o777 == 0o700
+    ca = str(tls_broker.tls.ca_file)
+    assert refused(tls_broker.bootstrap, **{"security.protocol": "SSL", "ssl.ca.location": ca})  # no client cert
+    other = throwaway_tls(tmp_path / "other", name="other")  # a client certificate from another CA
+    assert refused(tls_broker.bootstrap, **{"security.protocol": "SSL", "ssl.ca.location": ca,
+                                            "ssl.certificate.location": str(other.client_cert_file),
+                                            "ssl.key.location": str(other.client_key_file)})
+    assert broker_answers(tls_broker.bootstrap, security=tls_broker.client_security())
+
+
 def test_dart_doctor_probes_the_broker_with_the_security_settings(tls_broker) -> None:
     assert tls_broker.tls is not None
     base = {k: v for k, v in os.environ.items() if not k.startswith("DART_KAFKA_")}
@@ -129,7 +153,9 @@ def test_dart_doctor_probes_the_broker_with_the_security_settings(tls_broker) ->
                               text=True, timeout=120)
         return done.stdout + done.stderr
 
-    with_tls = doctor(DART_KAFKA_SECURITY_PROTOCOL="SSL", DART_KAFKA_CA_FILE=str(tls_broker.tls.ca_file))
+    with_tls = doctor(DART_KAFKA_SECURITY_PROTOCOL="SSL", DART_KAFKA_CA_FILE=str(tls_broker.tls.ca_file),
+                      DART_KAFKA_CERT_FILE=str(tls_broker.tls.client_cert_file),
+                      DART_KAFKA_KEY_FILE=str(tls_broker.tls.client_key_file))
     assert f"broker answers on {tls_broker.bootstrap} (SSL)" in with_tls
     assert f"no broker answers on {tls_broker.bootstrap} (PLAINTEXT)" in doctor()
 

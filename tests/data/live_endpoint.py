@@ -2,7 +2,9 @@
 it (``SqlServer.from_config`` with the default ``HttpConfig``, the writer from
 ``$DART_SQL_WRITER_PASSWORD_FILE``), over a store with a few projected events.
 
-``python tests/data/live_endpoint.py CHDB_PATH DATABASE PORT_FILE``: serves until SIGTERM."""
+``python tests/data/live_endpoint.py CHDB_PATH DATABASE PORT_FILE``: serves until SIGTERM. On
+SIGUSR1 it writes every database and table chdb has (the ``default`` overlay's own tables
+included, read in-process, not through the endpoint) to ``PORT_FILE.tables``."""
 
 from __future__ import annotations
 
@@ -26,9 +28,21 @@ async def main(path: Path, database: str, port_file: Path) -> None:
     q.write_events(store, [task("a"), *events])
     server = SqlServer.from_config(dataclasses.replace(HttpConfig(), port=0), path, database)
     port = await server.start()
+    snapshot = port_file.with_name(port_file.name + ".tables")
+
+    def tables() -> None:
+        rows = store.query("SELECT database, name, engine FROM system.tables WHERE database NOT IN "
+                           "('system', 'INFORMATION_SCHEMA', 'information_schema') ORDER BY ALL")
+        dbs = store.query("SELECT name, engine FROM system.databases ORDER BY name")
+        tmp = snapshot.with_name(snapshot.name + ".tmp")
+        tmp.write_text("\n".join("\t".join(map(str, r)) for r in [*dbs, *rows]) + "\n")
+        tmp.replace(snapshot)
+
     port_file.write_text(f"{port}\n")
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, tables)
     await stop.wait()
     await server.stop()
     store.close()

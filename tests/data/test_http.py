@@ -145,3 +145,38 @@ async def test_the_projection_and_curation_sql_run_unchanged_on_a_clickhouse_ser
              sorted(len(g.outcomes) for g in q.open_groups(store, mode="train")[0]))
     assert remote == local
     assert local[0] == {"actions": 3 * 4 + 2 * 5, "trajectories": 5}
+
+
+async def test_the_writer_runs_dart_migrations_over_the_endpoint(chdb_path, monkeypatch) -> None:
+    """The writer's allow-list holds what dart's own migrations need: a fresh database migrated
+    through the endpoint (CREATE DATABASE, CREATE TABLE ... SETTINGS index_granularity, CREATE
+    VIEW over dart tables, INSERT INTO schema_version), then read back."""
+    import asyncio
+    import uuid
+
+    from dart.data import projection as q
+    from dart.data.config import StoreConfig
+    from dart.data.schema import MIGRATIONS
+    from tests.data.factories import T0, group, task
+
+    database = f"m{uuid.uuid4().hex[:10]}"
+    server = SqlServer(chdb_path, writer=WRITER, database=database)
+    port = await server.start()
+    monkeypatch.setenv("DART_TEST_WRITER_PASSWORD", PASSWORD)
+    events, _ = group("a", [1.0, 0.0], version=1, t=T0)
+
+    def over_http() -> tuple:
+        remote = Store.open(StoreConfig(dsn=f"http://127.0.0.1:{port}", database=database,
+                                        username=WRITER.user, password_env="DART_TEST_WRITER_PASSWORD"))
+        applied = remote.migrate()
+        q.write_events(remote, [task("a"), *events])
+        out = (applied, remote.migrate(), remote.query("SELECT count() FROM trajectory_rewards")[0][0])
+        remote.close()
+        return out
+
+    try:
+        applied, again, rewarded = await asyncio.to_thread(over_http)
+    finally:
+        await server.stop()
+    assert applied == [m.version for m in MIGRATIONS] and again == []
+    assert rewarded == 2

@@ -10,6 +10,7 @@ dropped; the endpoint keeps serving; and ``dart sql``, ``dart report`` and click
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +39,8 @@ class Live:
     writer_password: str
     secrets: tuple[str, ...]
     listener: socket.socket
+    proc: subprocess.Popen
+    port_file: Path
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +71,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             assert time.monotonic() < deadline, "the endpoint did not start"
             time.sleep(0.1)
         yield Live(f"http://127.0.0.1:{int(port_file.read_text())}/", "dart", tmp, canary, canary_text,
-                   writer_password, (canary_text, writer_password, bus_password), listener)
+                   writer_password, (canary_text, writer_password, bus_password), listener, proc, port_file)
     finally:
         listener.close()
         proc.terminate()
@@ -101,10 +104,15 @@ def as_writer(live: Live) -> dict:
 
 
 def tables(live: Live) -> str:
-    status, text = ask(live, "SELECT database, name FROM system.tables WHERE database NOT IN ('system', "
-                             "'INFORMATION_SCHEMA', 'information_schema') ORDER BY database, name", headers=as_writer(live))
-    assert status == 200, text
-    return text
+    """Every database and table chdb has, read inside the endpoint's process (not through it)."""
+    snapshot = live.port_file.with_name(live.port_file.name + ".tables")
+    snapshot.unlink(missing_ok=True)
+    live.proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 30
+    while not snapshot.exists():
+        assert time.monotonic() < deadline and live.proc.poll() is None, "no table snapshot"
+        time.sleep(0.05)
+    return snapshot.read_text()
 
 
 def files(live: Live) -> set[str]:
@@ -261,3 +269,90 @@ def test_clients_still_work_against_the_guarded_endpoint(live: Live, tmp_path: P
                             env=env, capture_output=True, text=True, timeout=180)
     assert report.returncode == 0, report.stderr[-2000:]
     assert (tmp_path / "report" / "report.txt").read_text().strip()
+
+
+def writer_reproducers(live: Live, port: int) -> list[str]:
+    """Issue 44's requests as the writer (it has the password) and the same shapes beside them."""
+    c, tmp, target = live.canary, live.tmp, live.tmp / "target.csv"
+    s3 = f"S3('http://127.0.0.1:{port}/bucket/x', 'a', 'b')"
+    azure = (f"AzureBlobStorage('DefaultEndpointsProtocol=http;AccountName=a;AccountKey=Yg==;"
+             f"BlobEndpoint=http://127.0.0.1:{port}/a', 'c', 'x')")
+    return [
+        # chdb's `default` database: a Filesystem overlay of the host
+        "SELECT * FROM default.`/etc/passwd`", f"SELECT * FROM default.`{c}`", f"SELECT _path, * FROM default.`{tmp}/*`",
+        f"SELECT * FROM default.`{tmp}/writer-password`", f"INSERT INTO default.`{target}` VALUES (7, 8)",
+        f"INSERT INTO default.`{target}` FORMAT CSV\n7,8\n", f"DESCRIBE default.`{c}`", f"EXISTS default.`{c}`",
+        "SHOW TABLES FROM default", "SELECT * FROM merge('default', '.*')", f"SELECT 'x' IN default.`{c}`",
+        f"CREATE TABLE copy AS default.`{c}`", f"CREATE VIEW v AS SELECT * FROM default.`{c}`",
+        f"INSERT INTO trajectories (rollout_id) SELECT * FROM default.`{c}`", "USE default",
+        f"RENAME TABLE trajectories TO default.`{tmp}/renamed.csv`", "EXCHANGE TABLES trajectories AND default.x",
+        "CREATE TABLE m (x String) ENGINE = Merge('default', '.*')",
+        "CREATE TABLE b (x UInt8) ENGINE = Buffer('default', 'x', 1, 1, 1, 1, 1, 1, 1)",
+        # backups, restores, the server, other clients
+        f"BACKUP TABLE dart.trajectories TO {s3}", f"RESTORE TABLE dart.trajectories FROM {s3}",
+        f"BACKUP TABLE dart.trajectories TO {azure}", f"BACKUP TABLE trajectories TO File('{tmp}/b.zip')",
+        "SYSTEM SHUTDOWN", "SYSTEM FLUSH LOGS", "KILL QUERY WHERE 1", "KILL QUERY WHERE 1 SYNC",
+        # views over files, attached files, named collections, engines and settings that touch files
+        f"CREATE VIEW fv AS SELECT * FROM file('{c}', 'LineAsString')",
+        f"ATTACH TABLE att FROM '{tmp}/att' (x String) ENGINE = File(CSV)",
+        f"CREATE NAMED COLLECTION nc AS url = 'http://127.0.0.1:{port}/'",
+        f"CREATE TABLE ft (x String) ENGINE = File(CSV, '{tmp}/ft.csv')",
+        f"CREATE TABLE d (x UInt8) ENGINE = MergeTree ORDER BY x SETTINGS disk = disk(type = local, path = '{tmp}/d/')",
+        "CREATE TABLE mv_target (x UInt8) ENGINE = Memory AS SELECT 1",
+        "CREATE MATERIALIZED VIEW mv TO trajectories AS SELECT * FROM trajectories",
+        "CREATE DATABASE other", f"CREATE DATABASE fs ENGINE = Filesystem('{tmp}')", "DROP DATABASE dart",
+        "CREATE DICTIONARY dct (x UInt8) PRIMARY KEY x SOURCE(FILE(path '/etc/passwd' format 'CSV')) "
+        "LAYOUT(FLAT()) LIFETIME(0)",
+        "ALTER TABLE trajectories FREEZE", "ALTER TABLE trajectories MODIFY SETTING storage_policy = 'x'",
+        "DETACH TABLE trajectories", "UNDROP TABLE x", "CREATE USER u", "GRANT ALL ON *.* TO dart_writer",
+        "CREATE FUNCTION f AS x -> x", "SET readonly = 0", "OPTIMIZE TABLE trajectories FINAL",
+        f"INSERT INTO FUNCTION file('{tmp}/w.csv') VALUES (1)", "SELECT * FROM system.tables",
+    ]
+
+
+def test_issue44_writer_writes_dart_tables_and_nothing_else(live: Live) -> None:
+    """Issue 44, live, as the writer: every request refused (403 naming the rule); the host file
+    is unchanged, no file appears, no listener is contacted, no table or database appears, the
+    endpoint's process is still there and serving."""
+    port = live.listener.getsockname()[1]
+    target = live.tmp / "target.csv"
+    target.write_text("1,2\n")
+    before_tables, before_files = tables(live), files(live)
+    seen = []
+    for sql in writer_reproducers(live, port):
+        for params in ({}, {"database": "default"}):
+            status, text = ask(live, sql, params, headers=as_writer(live))
+            seen.append((sql, params, status, text))
+            assert status == 403 or (status == 400 and "rule: " in text and params), (sql, params, status, text)
+            assert "rule: " in text, (sql, text)
+            assert ("Stack trace" not in text and "DB::Exception: dart SQL endpoint" in text) or params, (sql, text)
+    for sql, params, status, text in seen:
+        for secret in (*live.secrets, "root:x:0:0"):
+            assert secret not in text, (sql, params, status, "leaks a secret")
+    with pytest.raises(BlockingIOError):
+        live.listener.accept()
+    assert target.read_text() == "1,2\n"
+    assert tables(live) == before_tables
+    assert files(live) == before_files
+    assert live.proc.poll() is None
+    assert ask(live, "SELECT 42", headers=as_writer(live)) == (200, "42\n")
+    assert ask(live, "SELECT 42") == (200, "42\n")
+
+
+def test_issue44_no_oracle_about_host_files(live: Live) -> None:
+    """A name in another database is refused by name, before anything runs: the same answer for a
+    path that exists and one that does not, for every construct and both roles (also after the
+    writer tried to open the path)."""
+    missing = live.tmp / f"missing-{uuid.uuid4().hex}.txt"
+    shapes = ["SELECT 'x' IN default.`{p}`", "SELECT * FROM default.`{p}`", "SELECT 1 FROM numbers(1) WHERE 1 IN "
+              "(SELECT 1 FROM default.`{p}`)", "SELECT * FROM numbers(1) AS n JOIN default.`{p}` AS f ON 1",
+              "DESCRIBE default.`{p}`", "EXISTS default.`{p}`", "SHOW CREATE TABLE default.`{p}`",
+              "SELECT * FROM system.`{p}`", "SELECT 'x' IN INFORMATION_SCHEMA.`{p}`"]
+    for headers in (as_writer(live), {}):
+        ask(live, f"SELECT * FROM default.`{live.canary}`", headers=as_writer(live))  # the issue's first step
+        for shape in shapes:
+            there = ask(live, shape.format(p=live.canary), headers=headers)
+            not_there = ask(live, shape.format(p=missing), headers=headers)
+            assert there[0] == not_there[0] == 403, (shape, there, not_there)
+            assert there[1].replace(str(live.canary), "P") == not_there[1].replace(str(missing), "P"), shape
+            assert "dart-database-only" in there[1]

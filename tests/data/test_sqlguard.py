@@ -155,3 +155,29 @@ def test_credentials_are_a_role_or_unauthorized(headers, query):
     except Unauthorized:
         return
     assert is_writer in (True, False)
+
+
+def test_the_writer_allow_list_reads_the_canonical_shape() -> None:
+    ins = "InsertQuery   (children 2)\n Identifier dart\n Identifier t\n"
+    create = "CreateQuery dart t (children 3)\n Identifier dart\n Identifier t\n Columns definition (children 1)\n"
+    view = "CreateQuery v (children 2)\n Identifier v\n SelectWithUnionQuery (children 1)\n"
+    alter = "AlterQuery  t (children 2)\n ExpressionList (children 1)\n  AlterCommand {} (children 1)\n Identifier t\n"
+    ok = [("INSERT INTO dart.t (a) FORMAT TSV", ins), ("INSERT INTO t FORMAT Values", ins),
+          ("CREATE TABLE IF NOT EXISTS dart.t (`x` UInt8) ENGINE = ReplacingMergeTree ORDER BY x "
+           "SETTINGS index_granularity = 8192", create),
+          ("CREATE VIEW IF NOT EXISTS dart.v AS SELECT 1", view), ("CREATE DATABASE IF NOT EXISTS dart", create),
+          ("DROP TABLE IF EXISTS t", "DropQuery  t (children 1)\n"), ("TRUNCATE TABLE t", "TruncateQuery  t\n"),
+          ("ALTER TABLE t (ADD COLUMN `y` UInt8)", alter.format("ADD_COLUMN"))]
+    for sql, ast in ok:
+        sqlguard.check_writer(sqlguard.inspect(sql), ast, "dart")
+    refused = [("INSERT INTO default.t FORMAT TSV", ins), ("INSERT INTO t SELECT 1", ins),
+               ("INSERT INTO FUNCTION file('x') FORMAT TSV", ins), ("CREATE DATABASE other", create),
+               ("CREATE TABLE t AS default.x", create), ("CREATE TABLE t (`x` UInt8) ENGINE = Memory AS SELECT 1", create),
+               ("CREATE TABLE t (`x` UInt8) ENGINE = MergeTree ORDER BY x SETTINGS disk = 'd'", create),
+               ("CREATE MATERIALIZED VIEW v TO t AS SELECT 1", view), ("CREATE TEMPORARY TABLE t (`x` UInt8)", create),
+               ("DROP DATABASE dart", "DropQuery dart\n"), ("ALTER TABLE t FREEZE", alter.format("FREEZE_ALL")),
+               ("SYSTEM SHUTDOWN", "SYSTEM query\n"), ("KILL QUERY WHERE 1", "KillQueryQuery\n"),
+               ("BACKUP TABLE t TO Disk('a', 'b')", "BackupQuery (children 1)\n"), ("RENAME TABLE t TO u", "Rename\n")]
+    for sql, ast in refused:
+        with pytest.raises(sqlguard.SqlRefused, match=r"writer-allow-list|dart-database-only|settings-allow-list"):
+            sqlguard.check_writer(sqlguard.inspect(sql), ast, "dart")

@@ -24,6 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
     p.add_argument("--allow-shell", action="store_true",
                    help="let /execute run shell strings (shell: true); off: argv lists only")
+    p.add_argument("--run-as", default=None, metavar="USER",
+                   help="run every program the agent starts (task commands, apps, xdotool) as USER, the desktop "
+                   "user, while the agent and its token file stay another user's (needs root or CAP_SETUID)")
     p.add_argument("--token-file", default=None,
                    help="file holding the token every request must carry (default: $DART_AGENT_TOKEN, else "
                    f"{TOKEN_FILE} when it exists, which the VM pool fills per VM)")
@@ -37,7 +40,8 @@ def _guest_agent(args: argparse.Namespace) -> int:
 
     host = nic_address() if args.host == "nic" else args.host
     cfg = AgentConfig(display=args.display or os.environ.get("DISPLAY") or ":0", host=host, port=args.port,
-                      allow_shell=args.allow_shell, token=read_token(args.token_file, os.environ))
+                      allow_shell=args.allow_shell, run_as=args.run_as,
+                      token=read_token(args.token_file, os.environ))
 
     async def main() -> None:
         # SIGTERM (a VM shutting down, a test tearing down) stops the server cleanly, so the

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import io
 import logging
 import os
+import pwd
 import shutil
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from dart.agent.actions import Action
 from dart.env import xdotool
@@ -32,12 +35,36 @@ class RunResult:
     duration_s: float
 
 
-class Desktop:
-    """One X display: screenshots, input, programs."""
+def as_user(name: str | None) -> dict[str, Any]:
+    """``user``/``group``/``extra_groups`` for ``create_subprocess_exec`` so a child runs as
+    ``name`` (the desktop user), or {} for None. EnvError when this process cannot switch user."""
+    if name is None:
+        return {}
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError as exc:
+        raise EnvError(f"guest agent --run-as {name}: no such user") from exc
+    if os.geteuid() not in (0, pw.pw_uid):
+        raise EnvError(f"guest agent --run-as {name}: the agent runs as uid {os.geteuid()} and cannot start "
+                       "programs as another user; run it as root (or as its own user with CAP_SETUID)")
+    groups = [g.gr_gid for g in grp.getgrall() if name in g.gr_mem]
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": groups}
 
-    def __init__(self, display: str) -> None:
+
+class Desktop:
+    """One X display: screenshots, input, programs.
+
+    ``run_as`` (the desktop user): every program the agent starts (task commands, launched
+    apps, xdotool) runs as that user, so it can read neither the agent's token file nor the
+    agent's ``/proc/<pid>/environ`` (the agent and its token belong to another user)."""
+
+    def __init__(self, display: str, *, run_as: str | None = None) -> None:
         self.display = display
         self.env = {**os.environ, "DISPLAY": display}
+        self.spawn = as_user(run_as)
+        if run_as is not None:
+            pw = pwd.getpwnam(run_as)
+            self.env.update(HOME=pw.pw_dir, USER=run_as, LOGNAME=run_as)
         self._size: tuple[int, int] | None = None
         self._children: set[asyncio.subprocess.Process] = set()
 
@@ -79,7 +106,7 @@ class Desktop:
         commands ran (0 for actions without input). An unknown key is
         :class:`dart.env.xdotool.UnknownKey` (the caller answers "nothing done")."""
         argvs = xdotool.xdotool_argvs(action, screen=await self.screen_size())
-        await xdotool.run_argvs(argvs, env=self.env)
+        await xdotool.run_argvs(argvs, env=self.env, spawn=self.spawn)
         return len(argvs)
 
     async def run(self, argv: list[str] | tuple[str, ...], *, timeout_s: float) -> RunResult:
@@ -94,6 +121,7 @@ class Desktop:
             stderr=asyncio.subprocess.PIPE,
             env=self.env,
             start_new_session=True,
+            **self.spawn,
         )
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
@@ -124,6 +152,7 @@ class Desktop:
             stderr=asyncio.subprocess.DEVNULL,
             env=self.env,
             start_new_session=True,
+            **self.spawn,
         )
         self._children.add(proc)
         return proc.pid

@@ -52,6 +52,9 @@ class AgentConfig:
     allow_shell: bool = False
     """Accept ``shell: true`` strings (run under ``sh -c``). Off: argv lists only. A convenience
     switch, not a boundary: a token holder may send ``["sh", "-c", "..."]`` as an argv anyway."""
+    run_as: str | None = None
+    """The desktop user every program the agent starts runs as (the agent itself runs as another
+    user, root or one with CAP_SETUID, who alone may read its token file). None: as the agent."""
     token: str | None = field(default=None, repr=False)
     """Every request but ``/health`` must carry it in ``X-Dart-Agent-Token``. None (loopback
     only, for a person trying the agent by hand) accepts requests without one."""
@@ -98,7 +101,7 @@ def create_app(cfg: AgentConfig, desktop: Desktop | None = None) -> web.Applicat
     desktop never see the token or a ``DART_*`` secret, whatever the environment holds."""
     app = web.Application(client_max_size=MAX_UPLOAD_BYTES, middlewares=[_auth, _errors])
     app[CONFIG_KEY] = cfg
-    desktop = desktop or Desktop(cfg.display)
+    desktop = desktop or Desktop(cfg.display, run_as=cfg.run_as)
     if isinstance(getattr(desktop, "env", None), dict):
         desktop.env = child_environment(desktop.env)
     app[DESKTOP_KEY] = desktop
