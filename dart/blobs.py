@@ -11,13 +11,30 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from dart.errors import BlobCorrupted, BlobError, BlobNotFound
 
-_CHUNK = 1 << 20
+_CHUNK = 8 << 20
+"""Large enough that a chunk's hash and write outweigh handing it to the hashing thread."""
+
+
+def _read_chunks(fh: BinaryIO) -> Iterator[memoryview]:
+    """A file's bytes in ``_CHUNK``s, read into two buffers in turn: a chunk stays valid until
+    the one after next is read (``put_chunks`` is done with it by then), and nothing is allocated
+    per chunk."""
+    buffers = (bytearray(_CHUNK), bytearray(_CHUNK))
+    i = 0
+    while True:
+        buf = buffers[i]
+        n = fh.readinto(buf)
+        if not n:
+            return
+        yield memoryview(buf)[:n]
+        i ^= 1
 
 
 def sha256_hex(data: bytes) -> str:
@@ -67,17 +84,50 @@ class LocalBlobStore:
         return digest
 
     def put_file(self, path: Path) -> str:
-        """Store a file's bytes (streamed, for large weights); returns the digest."""
+        """Store a file's bytes (streamed, for large weights); returns the digest.
+
+        One pass: each chunk is hashed and written at once, the file fsynced once and renamed to
+        its digest when the last chunk is in (a second pass to hash first read the file twice).
+        """
+        with open(path, "rb", buffering=0) as fh:
+            return self.put_chunks(_read_chunks(fh))
+
+    def put_chunks(self, chunks: Iterable[bytes | memoryview]) -> str:
+        """Store the bytes of ``chunks``; returns the digest. A chunk must stay unchanged until the
+        chunk after the next one is asked for (a generator filling two buffers in turn is fine).
+
+        The chunks go to a temporary file in the store's root while a second thread hashes them
+        (hashlib and write both release the GIL, so on two cores hashing costs no wall time);
+        the file is fsynced once, then renamed to its digest (dropped if that blob is already
+        there).
+        """
         h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(_CHUNK):
-                h.update(chunk)
-        digest = h.hexdigest()
-        target = self._path(digest)
-        if not target.exists():
-            with open(path, "rb") as fh:
-                self._write_atomic(target, iter(lambda: fh.read(_CHUNK), b""))
-        return digest
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb", buffering=0) as fh, ThreadPoolExecutor(1, thread_name_prefix="blob-hash") as ex:
+                hashing: Future[None] | None = None
+                for chunk in chunks:
+                    view = memoryview(chunk).cast("B")
+                    if hashing is not None:
+                        hashing.result()
+                    hashing = ex.submit(h.update, view)
+                    while view:
+                        view = view[fh.write(view):]
+                if hashing is not None:
+                    hashing.result()
+                os.fsync(fh.fileno())
+            digest = h.hexdigest()
+            target = self._path(digest)
+            if target.exists():
+                Path(tmp).unlink()
+                return digest
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, target)
+            fsync_dir(target.parent)
+            return digest
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def get(self, digest: str) -> bytes:
         """The bytes stored under digest, verified; raises BlobNotFound / BlobCorrupted."""

@@ -62,3 +62,19 @@ def test_open_store_accepts_paths_and_file_urls_and_refuses_others(tmp_path):
     assert open_store(f"file://{tmp_path}/b").root == tmp_path / "b"
     with pytest.raises(BlobError, match="only local"):
         open_store("s3://bucket/x")
+
+
+def test_put_file_of_many_chunks_is_stored_once_under_its_digest(blobs: LocalBlobStore, tmp_path):
+    # Chunks come from two buffers filled in turn while the previous one is hashed: a buffer
+    # overwritten too early would give another digest or other bytes.
+    from dart.blobs import _CHUNK
+
+    big = tmp_path / "weights.bin"
+    data = os.urandom(2 * _CHUNK) + bytes(range(256)) * (_CHUNK // 256) + b"tail"
+    big.write_bytes(data)
+    digest = blobs.put_file(big)
+    assert digest == hashlib.sha256(data).hexdigest()
+    assert blobs.local_path(digest).read_bytes() == data
+    assert blobs.put_file(big) == digest                     # again: the copy is dropped, nothing left over
+    assert [p.name for p in blobs.root.rglob("*") if p.is_file()] == [digest]
+    assert blobs.put_chunks([]) == hashlib.sha256(b"").hexdigest()
