@@ -4,10 +4,13 @@
 
 Per size, a version directory as the trainer's checkpoint holds it (``write_weights``: a
 bfloat16 state dict of that many parameters, random values, and its config) is written once;
-then, pass by pass and interleaved (``benchmarks/passes.py``), three sides copy its bytes:
+then, pass by pass and interleaved (``benchmarks/passes.py``), four sides store its bytes:
 
-- ``publish``: the trainer's publication step (``BlobTransfer.publish``: ``put_weights``) into
-  an empty blob store, as ``weight_sync.py``'s publish column times it;
+- ``publish``: the trainer's publication step (``BlobTransfer.publish``: ``put_weights`` of a
+  committed checkpoint, linked into the store when on its filesystem) into an empty blob
+  store, as ``weight_sync.py``'s publish column times it;
+- ``copy``: ``put_file`` without linking (a store on another filesystem): one pass, hashed on a
+  second thread while written, one fsync;
 - ``two-pass``: the blob store's copy as it was before (hash the file, then copy it, fsync);
 - ``disk``: the same number of bytes written from memory and fsynced once, no hashing: what the
   disk allows.
@@ -99,13 +102,16 @@ def measure(work: Path, name: str, n_passes: int) -> None:
 
     sides = {
         "publish": lambda _i: timed(lambda s: BlobTransfer().publish(1, vdir, LocalBlobStore(s))),
+        "copy": lambda _i: timed(lambda s: LocalBlobStore(s).put_file(vdir / WEIGHTS_FILE)),
         "two-pass": lambda _i: timed(lambda s: two_pass(s, vdir / WEIGHTS_FILE)),
         "disk": lambda _i: timed(lambda s: disk(s, size)),
     }
     rates = passes.interleave(sides, n_passes, on_pass=passes.pass_line("MB/s"))
     print(passes.report(rates, "MB/s"))
     print(passes.ratio_line(rates, "publish", "disk"))
-    print(passes.ratio_line(rates, "publish", "two-pass"), flush=True)
+    print(passes.ratio_line(rates, "copy", "disk"))
+    print(passes.ratio_line(rates, "publish", "two-pass"))
+    print(passes.ratio_line(rates, "copy", "two-pass"), flush=True)
     shutil.rmtree(vdir)
 
 

@@ -9,6 +9,7 @@ the digest, so a corrupted blob is an error, never silently returned.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from dart.errors import BlobCorrupted, BlobError, BlobNotFound
+
+log = logging.getLogger(__name__)
 
 _CHUNK = 8 << 20
 """Large enough that a chunk's hash and write outweigh handing it to the hashing thread."""
@@ -35,6 +38,14 @@ def _read_chunks(fh: BinaryIO) -> Iterator[memoryview]:
             return
         yield memoryview(buf)[:n]
         i ^= 1
+
+
+def _hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        for chunk in _read_chunks(fh):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def sha256_hex(data: bytes) -> str:
@@ -58,7 +69,7 @@ def fsync_dir(directory: Path) -> None:
 
 class BlobStore(Protocol):
     def put(self, data: bytes) -> str: ...
-    def put_file(self, path: Path) -> str: ...
+    def put_file(self, path: Path, *, link: bool = False) -> str: ...
     def get(self, digest: str) -> bytes: ...
     def exists(self, digest: str) -> bool: ...
     def local_path(self, digest: str, *, verify: bool = True) -> Path: ...
@@ -83,12 +94,33 @@ class LocalBlobStore:
             self._write_atomic(path, [data])
         return digest
 
-    def put_file(self, path: Path) -> str:
+    def put_file(self, path: Path, *, link: bool = False) -> str:
         """Store a file's bytes (streamed, for large weights); returns the digest.
 
         One pass: each chunk is hashed and written at once, the file fsynced once and renamed to
         its digest when the last chunk is in (a second pass to hash first read the file twice).
+
+        ``link``: the caller promises the file is durable (fsynced) and is never written again
+        (a trainer's checkpoint: written under a temporary name, renamed, then only removed).
+        Then the blob is a hard link to it when both are on one filesystem: no copy at all, the
+        file is only read to hash it. A user's file must not be linked: a later edit of it would
+        change the blob (reads would then fail their digest check).
         """
+        if link:
+            digest = _hash_file(path)
+            target = self._path(digest)
+            if target.exists():
+                return digest
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, target)
+            except FileExistsError:          # stored meanwhile: the same bytes
+                return digest
+            except OSError:                  # another filesystem, or links not allowed: copy
+                log.debug("cannot link %s into %s: copying", path, self.root, exc_info=True)
+            else:
+                fsync_dir(target.parent)
+                return digest
         with open(path, "rb", buffering=0) as fh:
             return self.put_chunks(_read_chunks(fh))
 
@@ -150,13 +182,8 @@ class LocalBlobStore:
         path = self._path(digest)
         if not path.exists():
             raise BlobNotFound(f"no blob {digest} under {self.root}")
-        if verify:
-            h = hashlib.sha256()
-            with open(path, "rb") as fh:
-                while chunk := fh.read(_CHUNK):
-                    h.update(chunk)
-            if h.hexdigest() != digest:
-                raise BlobCorrupted(f"blob {digest} under {self.root} is corrupted: its bytes hash differently")
+        if verify and _hash_file(path) != digest:
+            raise BlobCorrupted(f"blob {digest} under {self.root} is corrupted: its bytes hash differently")
         return path
 
     def _write_atomic(self, path: Path, chunks) -> None:  # type: ignore[no-untyped-def]
