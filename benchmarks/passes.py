@@ -16,7 +16,7 @@ spread (min..max, and the half-range as a share of the median) says how much to 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 MIN_PASSES = 5
@@ -95,7 +95,3 @@ def pass_line(unit: str, fmt: str = ",.0f") -> Callable[[int, str, float], None]
     def show(i: int, side: str, value: float) -> None:
         print(f"  pass {i + 1} {side}: {value:{fmt}} {unit}", flush=True)
     return show
-
-
-def summarise(values: Sequence[float]) -> Summary:
-    return Summary(tuple(float(v) for v in values))
