@@ -7,7 +7,10 @@ the first produce to the last consume. The Avro path includes encode (typed reco
 single-object Avro) in the producer and decode (bytes -> typed record) in the consumer; the
 raw path moves opaque bytes of identical lengths. Goal: Avro keeps >= 0.8 of raw throughput.
 
-    .venv/bin/python benchmarks/bus_throughput.py [--events 20000] [--tokens 120]
+    .venv/bin/python benchmarks/bus_throughput.py [--events 20000] [--tokens 120] [--passes 5]
+
+Each side runs ``--passes`` times, raw and Avro alternating pass by pass; the figures are the
+medians, their spread and the ratio of the medians (``benchmarks/passes.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import multiprocessing
 import os
 import time
 
+import passes  # benchmarks/passes.py: interleaved passes, medians, ratio of medians
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -77,7 +81,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=20000)
     ap.add_argument("--tokens", type=int, default=120, help="response tokens per action event")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=passes.MIN_PASSES,
+                    help="passes per side, raw and Avro interleaved pass by pass")
     args = ap.parse_args()
 
     events = [action_chosen(tokens=args.tokens, seed=i) for i in range(args.events)]
@@ -85,31 +90,30 @@ def main() -> None:
     raw = [os.urandom(s) for s in sizes]
     mb = sum(sizes) / 1e6
     print(f"{args.events} action events, mean {sum(sizes) / len(sizes):.0f} B ({mb:.1f} MB per pass), "
-          f"best of {args.repeats}")
+          f"{args.passes} passes per side, interleaved")
     with DevBroker() as broker:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        best: dict[str, float] = {}
-        for r in range(args.repeats):
-            for kind in ("raw", "avro"):
-                topic = f"bench.{kind}.{r}"
-                for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
-                    f.result()
-                avro = kind == "avro"
-                ctx = multiprocessing.get_context("fork")
-                go = ctx.Event()
-                proc = ctx.Process(target=_producer_proc, args=(broker.bootstrap, topic,
-                                                                  events if avro else raw, avro, go))
-                proc.start()
-                total = asyncio.run(consume(broker.bootstrap, topic, args.events, decode_each=avro, go=go))
-                proc.join(60)
-                best[kind] = min(best.get(kind, float("inf")), total)
-                print(f"  pass {r + 1} {kind:4s}: {total:5.2f} s -> {args.events / total:8.0f} events/s "
-                      f"{mb / total:6.1f} MB/s")
-    raw_rate = args.events / best["raw"]
-    avro_rate = args.events / best["avro"]
-    print(f"raw : {raw_rate:8.0f} events/s  {mb / best['raw']:6.1f} MB/s")
-    print(f"avro: {avro_rate:8.0f} events/s  {mb / best['avro']:6.1f} MB/s  (encode+produce+consume+decode)")
-    print(f"ratio avro/raw = {avro_rate / raw_rate:.2f}  (goal >= 0.80)")
+
+        def one_pass(kind: str, r: int) -> float:
+            topic = f"bench.{kind}.{r}"
+            for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+                f.result()
+            avro = kind == "avro"
+            ctx = multiprocessing.get_context("fork")
+            go = ctx.Event()
+            proc = ctx.Process(target=_producer_proc, args=(broker.bootstrap, topic,
+                                                              events if avro else raw, avro, go))
+            proc.start()
+            total = asyncio.run(consume(broker.bootstrap, topic, args.events, decode_each=avro, go=go))
+            proc.join(60)
+            return args.events / total
+
+        rates = passes.interleave({"raw": lambda r: one_pass("raw", r), "avro": lambda r: one_pass("avro", r)},
+                                  args.passes, on_pass=passes.pass_line("events/s"))
+    print(passes.report(rates, "events/s"))
+    print(f"(MB/s: raw {rates['raw'].median * mb / args.events:.1f}, avro {rates['avro'].median * mb / args.events:.1f};"
+          f" avro is encode+produce+consume+decode)")
+    print(passes.ratio_line(rates, "avro", "raw", goal=0.8))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@
    is generated inside ClickHouse, then each query the scheduler and the batcher run every
    pass is timed (median of 5).
 
-    .venv/bin/python benchmarks/ingest.py [--events 60000] [--steps 1000000]
+    .venv/bin/python benchmarks/ingest.py [--events 60000] [--steps 1000000] [--passes 5]
+
+Part 1's sides (consumer with ClickHouse decoding, the Python path, the raw insert) run
+``--passes`` times each, interleaved pass by pass: medians, spread, ratio of medians.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ import statistics
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+
+import passes  # benchmarks/passes.py: interleaved passes, medians, ratio of medians
 
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
@@ -337,6 +343,8 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=60_000)
     ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--passes", type=int, default=passes.MIN_PASSES,
+                    help="passes per side (consumer, Python path, raw insert), interleaved pass by pass")
     ap.add_argument("--queries-only", action="store_true", help="only the curation queries at --steps")
     ap.add_argument("--store", type=Path, help="keep the generated store here and reuse it (queries only)")
     args = ap.parse_args()
@@ -351,36 +359,61 @@ async def main() -> None:
         bus = BusConfig(bootstrap=broker.bootstrap, prefix="bench", session_timeout_ms=3000, heartbeat_interval_ms=500)
         ensure_topics(bus)
         produce(bus, events)
-        # Both paths in one run, each a fresh consumer group (and database) over the same log.
-        py_store = Store(store.client, "python_path", store.target)
-        py_store.migrate()
-        py = await consumer_rate(bus, py_store, events, tmp, clickhouse_decode=False)
-        ch = await consumer_rate(bus, store, events, tmp, clickhouse_decode=True)
-        rate = ch.rate
-        raw_store = Store(store.client, "raw", store.target)
-        raw_store.migrate()
-        raw = raw_rate(raw_store, events)
-        checks, diffs = compare(store.query, store.database, py_store.query, py_store.database, TABLES)
+        # Both paths and the raw insert in every pass, interleaved, each pass a fresh consumer
+        # group and a fresh database over the same log.
+        runs: dict[str, list[ConsumerRun]] = {"ClickHouse path": [], "Python path": []}
+
+        def fresh(name: str) -> Store:
+            s = Store(store.client, name, store.target)
+            s.migrate()
+            return s
+
+        async def consumer_pass(i: int, clickhouse: bool) -> float:
+            name = "ClickHouse path" if clickhouse else "Python path"
+            r = await consumer_rate(bus, fresh(f"{'ch' if clickhouse else 'py'}_{i}"), events, tmp,
+                                    clickhouse_decode=clickhouse)
+            runs[name].append(r)
+            return r.rate
+
+        # interleave() is synchronous: each async pass runs on a loop of its own thread.
+        def run_async(i: int, clickhouse: bool) -> float:
+            with ThreadPoolExecutor(1) as ex:
+                return ex.submit(asyncio.run, consumer_pass(i, clickhouse)).result()
+
+        rates = passes.interleave({"consumer": lambda i: run_async(i, True),
+                                   "python": lambda i: run_async(i, False),
+                                   "raw": lambda i: raw_rate(fresh(f"raw_{i}"), events)},
+                                  args.passes, on_pass=passes.pass_line("events/s"))
+        checks, diffs = compare(store.query, "ch_0", store.query, "py_0", TABLES)
         assert all(c.equal for c in checks), format_checks(checks, diffs)
-        counts = projection.table_counts(store, ["actions", "observations", "trajectories"])
-        assert counts == projection.table_counts(raw_store, ["actions", "observations", "trajectories"]), counts
-        print(f"projection of {len(events)} events ({counts['actions']} steps), chdb {store.client.server_version}")
-        print(f"  through the consumer : {rate:10.0f} events/s  ({ch.inserts} inserts, commit after each; "
-              f"ClickHouse decoded {ch.by_clickhouse / len(events):.0%} of the records)")
-        print(f"  raw clickhouse insert: {raw:10.0f} events/s  (same rows, one insert per table)")
-        print(f"  ratio consumer / raw : {rate / raw:10.2f}")
-        print(f"  Python decode path   : {py.rate:10.0f} events/s  ({py.inserts} inserts; ratio {py.rate / raw:.2f}, "
-              f"the design before; every table equal to the ClickHouse path's)")
-        for name, r in (("ClickHouse path", ch), ("Python path", py)):
-            print(f"  ({name}: {r.wall_s:.2f} s wall, of which {r.handler_s:.2f} s in the projection handler, the "
-                  f"rest fetching and committing; {r.cpu_s / len(events) * 1e6:.0f} µs CPU per event in this process)")
+        counts = projection.table_counts(fresh("ch_0"), ["actions", "observations", "trajectories"])
+        assert counts == projection.table_counts(fresh("raw_0"), ["actions", "observations", "trajectories"]), counts
+        ch = runs["ClickHouse path"][0]
+        print(f"projection of {len(events)} events ({counts['actions']} steps), chdb {store.client.server_version}, "
+              f"{args.passes} passes per side, interleaved:")
+        print(passes.report({"through the consumer (ClickHouse decodes)": rates["consumer"],
+                             "raw clickhouse insert (same rows, one insert per table)": rates["raw"],
+                             "Python decode path (the design before)": rates["python"]}, "events/s"))
+        print(f"  ({ch.inserts} inserts per consumer pass, commit after each; ClickHouse decoded "
+              f"{ch.by_clickhouse / len(events):.0%} of the records; every table of the Python path equal to the "
+              f"ClickHouse path's)")
+        print(passes.ratio_line(rates, "consumer", "raw"))
+        print(passes.ratio_line(rates, "python", "raw"))
+        raw = rates["raw"].median
+        for name, rs in runs.items():
+            wall = statistics.median(r.wall_s for r in rs)
+            handler = statistics.median(r.handler_s for r in rs)
+            cpu = statistics.median(r.cpu_s for r in rs)
+            print(f"  ({name}, medians: {wall:.2f} s wall, of which {handler:.2f} s in the projection handler, the "
+                  f"rest fetching and committing; {cpu / len(events) * 1e6:.0f} µs CPU per event in this process)")
         dec, rows = cpu_rates(events)
         print(f"  (Python path, alone: Avro decode {dec:.0f} events/s, row mapping {rows:.0f} events/s; "
               f"its ceiling {(1 / raw) / (1 / dec + 1 / rows + 1 / raw):.2f} of raw)")
         alone_store = Store(store.client, "sql_alone", store.target)
         alone_store.migrate()
         sql_alone = sql_rate(alone_store, events)
-        print(f"  (ClickHouse path, alone, no broker: {sql_alone:.0f} events/s = {sql_alone / raw:.2f} of raw)")
+        print(f"  (ClickHouse path, alone, no broker, one pass: {sql_alone:.0f} events/s = {sql_alone / raw:.2f} of "
+              f"the raw median)")
         curation_at_scale(args.steps, None, client=store.client, target=store.target)
         store.close()
 

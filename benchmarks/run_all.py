@@ -47,7 +47,7 @@ def num(pattern: str, text: str) -> float:
     m = re.search(pattern, text)
     if m is None:
         raise ValueError(f"no match for {pattern!r} in the output")
-    return float(m.group(1))
+    return float(m.group(1).replace(",", ""))
 
 
 def row(benchmark: str, headline: str, baseline: str, ratio: float | None, goal: str = "") -> Row:
@@ -56,7 +56,7 @@ def row(benchmark: str, headline: str, baseline: str, ratio: float | None, goal:
 
 
 def parse_bus(out: str) -> list[Row]:
-    raw, avro = num(r"raw :\s+(\d+) events/s", out), num(r"avro:\s+(\d+) events/s", out)
+    raw, avro = num(r"raw :\s+([\d,]+) events/s median", out), num(r"avro:\s+([\d,]+) events/s median", out)
     return [row("event log: Avro vs raw bytes (stream through the dev broker)", f"{avro:,.0f} Avro events/s",
                 f"{raw:,.0f} raw events/s", avro / raw, ">= 0.80")]
 
@@ -76,7 +76,8 @@ def parse_rollout(out: str) -> list[Row]:
 
 
 def parse_ingest(out: str) -> list[Row]:
-    rate, raw = num(r"through the consumer :\s+(\d+)", out), num(r"raw clickhouse insert:\s+(\d+)", out)
+    rate = num(r"through the consumer \(ClickHouse decodes\)\s*:\s+([\d,]+) events/s median", out)
+    raw = num(r"raw clickhouse insert \(same rows, one insert per table\)\s*:\s+([\d,]+) events/s median", out)
     queries = [float(x) for x in re.findall(r"^\s{2}\S.*?\s([\d.]+) ms$", out, flags=re.M)]
     steps = num(r"curation queries at (\d+) steps", out)
     rows = [row("data manager: log -> chdb projection", f"{rate:,.0f} events/s", f"{raw:,.0f} events/s raw insert",
@@ -130,7 +131,7 @@ def parse_log(out: str) -> list[Row]:
 
 
 BENCHES = (
-    Bench("bus_throughput", ("--events", "10000", "--repeats", "2"), parse_bus),
+    Bench("bus_throughput", ("--events", "10000", "--passes", "5"), parse_bus),
     Bench("env_utilization", ("--window-s", "15", "--requests", "300"), parse_env),
     Bench("rollout_throughput", ("--actions", "32", "--slots", "16"), parse_rollout),
     Bench("ingest", ("--events", "20000", "--steps", "200000"), parse_ingest),

@@ -9,15 +9,43 @@ the digest, so a corrupted blob is an error, never silently returned.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from dart.errors import BlobCorrupted, BlobError, BlobNotFound
 
-_CHUNK = 1 << 20
+log = logging.getLogger(__name__)
+
+_CHUNK = 8 << 20
+"""Large enough that a chunk's hash and write outweigh handing it to the hashing thread."""
+
+
+def _read_chunks(fh: BinaryIO) -> Iterator[memoryview]:
+    """A file's bytes in ``_CHUNK``s, read into two buffers in turn: a chunk stays valid until
+    the one after next is read (``put_chunks`` is done with it by then), and nothing is allocated
+    per chunk."""
+    buffers = (bytearray(_CHUNK), bytearray(_CHUNK))
+    i = 0
+    while True:
+        buf = buffers[i]
+        n = fh.readinto(buf)
+        if not n:
+            return
+        yield memoryview(buf)[:n]
+        i ^= 1
+
+
+def _hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        for chunk in _read_chunks(fh):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def sha256_hex(data: bytes) -> str:
@@ -41,7 +69,7 @@ def fsync_dir(directory: Path) -> None:
 
 class BlobStore(Protocol):
     def put(self, data: bytes) -> str: ...
-    def put_file(self, path: Path) -> str: ...
+    def put_file(self, path: Path, *, link: bool = False) -> str: ...
     def get(self, digest: str) -> bytes: ...
     def exists(self, digest: str) -> bool: ...
     def local_path(self, digest: str, *, verify: bool = True) -> Path: ...
@@ -66,18 +94,72 @@ class LocalBlobStore:
             self._write_atomic(path, [data])
         return digest
 
-    def put_file(self, path: Path) -> str:
-        """Store a file's bytes (streamed, for large weights); returns the digest."""
+    def put_file(self, path: Path, *, link: bool = False) -> str:
+        """Store a file's bytes (streamed, for large weights); returns the digest.
+
+        One pass: each chunk is hashed and written at once, the file fsynced once and renamed to
+        its digest when the last chunk is in (a second pass to hash first read the file twice).
+
+        ``link``: the caller promises the file is durable (fsynced) and is never written again
+        (a trainer's checkpoint: written under a temporary name, renamed, then only removed).
+        Then the blob is a hard link to it when both are on one filesystem: no copy at all, the
+        file is only read to hash it. A user's file must not be linked: a later edit of it would
+        change the blob (reads would then fail their digest check).
+        """
+        if link:
+            digest = _hash_file(path)
+            target = self._path(digest)
+            if target.exists():
+                return digest
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, target)
+            except FileExistsError:          # stored meanwhile: the same bytes
+                return digest
+            except OSError:                  # another filesystem, or links not allowed: copy
+                log.debug("cannot link %s into %s: copying", path, self.root, exc_info=True)
+            else:
+                fsync_dir(target.parent)
+                return digest
+        with open(path, "rb", buffering=0) as fh:
+            return self.put_chunks(_read_chunks(fh))
+
+    def put_chunks(self, chunks: Iterable[bytes | memoryview]) -> str:
+        """Store the bytes of ``chunks``; returns the digest. A chunk must stay unchanged until the
+        chunk after the next one is asked for (a generator filling two buffers in turn is fine).
+
+        The chunks go to a temporary file in the store's root while a second thread hashes them
+        (hashlib and write both release the GIL, so on two cores hashing costs no wall time);
+        the file is fsynced once, then renamed to its digest (dropped if that blob is already
+        there).
+        """
         h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(_CHUNK):
-                h.update(chunk)
-        digest = h.hexdigest()
-        target = self._path(digest)
-        if not target.exists():
-            with open(path, "rb") as fh:
-                self._write_atomic(target, iter(lambda: fh.read(_CHUNK), b""))
-        return digest
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb", buffering=0) as fh, ThreadPoolExecutor(1, thread_name_prefix="blob-hash") as ex:
+                hashing: Future[None] | None = None
+                for chunk in chunks:
+                    view = memoryview(chunk).cast("B")
+                    if hashing is not None:
+                        hashing.result()
+                    hashing = ex.submit(h.update, view)
+                    while view:
+                        view = view[fh.write(view):]
+                if hashing is not None:
+                    hashing.result()
+                os.fsync(fh.fileno())
+            digest = h.hexdigest()
+            target = self._path(digest)
+            if target.exists():
+                Path(tmp).unlink()
+                return digest
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, target)
+            fsync_dir(target.parent)
+            return digest
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def get(self, digest: str) -> bytes:
         """The bytes stored under digest, verified; raises BlobNotFound / BlobCorrupted."""
@@ -100,13 +182,8 @@ class LocalBlobStore:
         path = self._path(digest)
         if not path.exists():
             raise BlobNotFound(f"no blob {digest} under {self.root}")
-        if verify:
-            h = hashlib.sha256()
-            with open(path, "rb") as fh:
-                while chunk := fh.read(_CHUNK):
-                    h.update(chunk)
-            if h.hexdigest() != digest:
-                raise BlobCorrupted(f"blob {digest} under {self.root} is corrupted: its bytes hash differently")
+        if verify and _hash_file(path) != digest:
+            raise BlobCorrupted(f"blob {digest} under {self.root} is corrupted: its bytes hash differently")
         return path
 
     def _write_atomic(self, path: Path, chunks) -> None:  # type: ignore[no-untyped-def]

@@ -62,3 +62,62 @@ def test_open_store_accepts_paths_and_file_urls_and_refuses_others(tmp_path):
     assert open_store(f"file://{tmp_path}/b").root == tmp_path / "b"
     with pytest.raises(BlobError, match="only local"):
         open_store("s3://bucket/x")
+
+
+def test_put_file_of_many_chunks_is_stored_once_under_its_digest(blobs: LocalBlobStore, tmp_path):
+    # Chunks come from two buffers filled in turn while the previous one is hashed: a buffer
+    # overwritten too early would give another digest or other bytes.
+    from dart.blobs import _CHUNK
+
+    big = tmp_path / "weights.bin"
+    data = os.urandom(2 * _CHUNK) + bytes(range(256)) * (_CHUNK // 256) + b"tail"
+    big.write_bytes(data)
+    digest = blobs.put_file(big)
+    assert digest == hashlib.sha256(data).hexdigest()
+    assert blobs.local_path(digest).read_bytes() == data
+    assert blobs.put_file(big) == digest                     # again: the copy is dropped, nothing left over
+    assert [p.name for p in blobs.root.rglob("*") if p.is_file()] == [digest]
+    assert blobs.put_chunks([]) == hashlib.sha256(b"").hexdigest()
+
+
+def test_put_file_with_link_stores_a_committed_file_without_copying_it(blobs: LocalBlobStore, tmp_path,
+                                                                       monkeypatch):
+    ckpt = tmp_path / "step-1" / "model.safetensors"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(os.urandom(100_000))
+    digest = blobs.put_file(ckpt, link=True)
+    assert digest == hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    assert blobs.local_path(digest).stat().st_ino == ckpt.stat().st_ino       # the same file, no copy
+    data = ckpt.read_bytes()
+    ckpt.unlink()                                                             # a checkpoint pruned later
+    assert blobs.get(digest) == data
+    # where links are refused (another filesystem), the bytes are copied
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"x" * 5000)
+
+    def refuse(*_a, **_kw):
+        raise OSError(18, "Invalid cross-device link")
+    monkeypatch.setattr(os, "link", refuse)
+    d2 = blobs.put_file(other, link=True)
+    assert blobs.local_path(d2).stat().st_ino != other.stat().st_ino and blobs.get(d2) == b"x" * 5000
+    assert not [p for p in blobs.root.rglob(".tmp-*")]
+
+
+def test_the_trainer_publishes_a_checkpoint_by_linking_and_sft_output_by_copying(blobs: LocalBlobStore, tmp_path):
+    from dart.agent.weights import CONFIG_FILE, WEIGHTS_FILE
+    from dart.train.transfer import BlobTransfer
+    from dart.train.weights import put_weights
+
+    version = tmp_path / "ckpt"
+    version.mkdir()
+    (version / WEIGHTS_FILE).write_bytes(os.urandom(4096))
+    (version / CONFIG_FILE).write_text("{}")
+    refs = BlobTransfer().publish(1, version, blobs)
+    assert [r.name for r in refs] == [WEIGHTS_FILE, CONFIG_FILE]
+    assert all(blobs.local_path(r.digest).stat().st_ino == (version / r.name).stat().st_ino for r in refs)
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / WEIGHTS_FILE).write_bytes(os.urandom(4096))
+    (sft / CONFIG_FILE).write_text('{"a": 1}')
+    for r in put_weights(blobs, sft):
+        assert blobs.local_path(r.digest).stat().st_ino != (sft / r.name).stat().st_ino

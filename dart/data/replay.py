@@ -14,19 +14,23 @@ chdb store, a data manager's HTTP endpoint or a ClickHouse server.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from dart.bus import BusConfig, read_topic
 from dart.config import progress
-from dart.data import projection
+from dart.data import avroload, projection
 from dart.data.store import Store
 from dart.errors import DecodeError
 from dart.events import Event, WeightsPublished, decode
 from dart.log import ArchiveError, list_segments, read_partition
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Query = Callable[[str], Sequence[Sequence[object]]]
 
@@ -197,22 +201,103 @@ def version_time_ms(log_dir: Path, version: int) -> int:
     raise ArchiveError(f"{log_dir}: no WeightsPublished event of version {version} in the archive")
 
 
+def read_ahead(items: Iterator[T], depth: int = 1) -> Iterator[T]:
+    """``items``, produced on a second thread up to ``depth`` ahead of the consumer.
+
+    The archive's reader (fastavro, holding the GIL) and ClickHouse's insert (not holding it)
+    then overlap. An exception of the producer is raised here, where the item it failed on
+    would have come.
+    """
+    q: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry: tuple[bool, Any]) -> bool:
+        while not stop.is_set():   # the consumer may have gone (an error, a break): never block on it
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+            put((False, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            put((False, exc))
+
+    worker = threading.Thread(target=produce, name="dart-read-ahead", daemon=True)
+    worker.start()
+    try:
+        while True:
+            more, item = q.get()
+            if not more:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+class _Archived:
+    """An archived record as ``avroload.project_records`` reads it (its value as it was on the
+    wire), and the topic it came from."""
+
+    __slots__ = ("topic", "value")
+
+    def __init__(self, topic: str, value: bytes) -> None:
+        self.topic = topic
+        self.value = value
+
+
+def archived_chunks(log_dir: Path, *, until_ms: int | None = None, chunk: int = 100_000) -> Iterator[list[_Archived]]:
+    """The archived records, values undecoded, in chunks of ``chunk`` at most, with Kafka timestamp
+    <= ``until_ms``. Partitions follow one another in the order of ``list_segments`` and each is in
+    offset order, so a chunk may hold several topics and partitions (fewer, larger inserts: a
+    run's archive is many small partitions). A damaged archive file raises ArchiveError."""
+    buf: list[_Archived] = []
+    for (topic, _part), segs in sorted(list_segments(log_dir).items()):
+        for rec in read_partition(segs):
+            if until_ms is not None and rec["timestamp"] > until_ms:
+                continue
+            buf.append(_Archived(topic, rec["value"]))
+            if len(buf) >= chunk:
+                yield buf
+                buf = []
+    if buf:
+        yield buf
+
+
 def rebuild_from_archive(log_dir: Path, store: Store, *, until_ms: int | None = None,
-                         chunk: int = 20_000) -> dict[str, int]:
-    """``rebuild`` with the archive as the log: no broker needed. Events per topic."""
+                         chunk: int = 100_000) -> dict[str, int]:
+    """``rebuild`` with the archive as the log: no broker needed. Events per topic.
+
+    The data manager's own projection path (``avroload.project_records``): ClickHouse decodes
+    the bodies of a chunk and maps them to rows in one ``INSERT … SELECT`` per event type, and
+    what it cannot show it renders exactly goes through Python, so the rows are those the live
+    consumer wrote (records of one partition in log order, as the consumer inserts them).
+    Records that do not decode are left out as the live consumer left them out (it sent them
+    to the DLQ, whose DeadLetter events replay like any other). The archive is read on a second
+    thread while ClickHouse projects the chunk before.
+    """
     store.migrate()
     if not list_segments(log_dir):
         raise ArchiveError(f"{log_dir}: no archive files to replay")
     counts: dict[str, int] = {}
-    buf: list[Event] = []
     total = sum(seg.records for segs in list_segments(log_dir).values() for seg in segs)
-    for topic, event in progress(archived_events(log_dir, until_ms=until_ms), total=total, desc="replay",
-                                 unit="event"):
-        buf.append(event)
-        counts[topic] = counts.get(topic, 0) + 1
-        if len(buf) >= chunk:
-            projection.write_events(store, buf)
-            buf.clear()
-    projection.write_events(store, buf)
+    bar = progress(None, total=total, desc="replay", unit="event")
+    for records in read_ahead(archived_chunks(log_dir, until_ms=until_ms, chunk=chunk)):
+        done = avroload.project_records(store, records, projection.write_events)
+        for rec in records:
+            counts[rec.topic] = counts.get(rec.topic, 0) + 1
+        for rec, _exc in done.failed:
+            counts[rec.topic] -= 1
+        bar.update(len(records))
+    bar.close()
     log.info("replayed %d archived events of %d topics from %s", sum(counts.values()), len(counts), log_dir)
     return counts

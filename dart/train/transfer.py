@@ -48,7 +48,7 @@ class BlobTransfer:
     """Today's path: the version's files into the blob store; each worker reads them from there."""
 
     def publish(self, version: int, checkpoint: Path, store: BlobStore) -> list[BlobRef]:
-        return put_weights(store, checkpoint)
+        return put_weights(store, checkpoint, link=True)   # a committed checkpoint: never written again
 
     def close(self) -> None:
         pass
@@ -160,7 +160,7 @@ class DirectSender:
             log.info("weights group not formed yet: version %d through the blob store only", version)
             self.newest = max(self.newest, version)
             done.set()
-        refs = put_weights(store, checkpoint)
+        refs = put_weights(store, checkpoint, link=True)
         done.wait()
         return refs
 

@@ -13,12 +13,18 @@ from dart.blobs import BlobStore
 from dart.events import BlobRef, WeightsPublished
 
 
-def put_weights(store: BlobStore, directory: Path) -> list[BlobRef]:
-    """Store a version's files (streamed, content-addressed: an unchanged file is stored once)."""
+def put_weights(store: BlobStore, directory: Path, *, link: bool = False) -> list[BlobRef]:
+    """Store a version's files (streamed, content-addressed: an unchanged file is stored once).
+
+    ``link`` when ``directory`` is a committed checkpoint (``dart.train.checkpoint``: fsynced,
+    renamed into place, never written again): the store then links its files where it can
+    instead of copying them (``LocalBlobStore.put_file``). Not for a directory someone may write
+    again (``dart sft --out``).
+    """
     refs = []
     for name in PUBLISHED_FILES:
         path = directory / name
-        refs.append(BlobRef(name=name, digest=store.put_file(path), size_bytes=path.stat().st_size))
+        refs.append(BlobRef(name=name, digest=store.put_file(path, link=link), size_bytes=path.stat().st_size))
     return refs
 
 

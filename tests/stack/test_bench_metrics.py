@@ -129,3 +129,25 @@ def test_sweep_points_cover_slots_and_tails_without_repeating_the_headline():
     points = b.sweep_points(head, "4,8,16", "1,10,30")
     assert [(p.slots, p.tail) for p in points] == [(4, 10.0), (16, 10.0), (8, 1.0), (8, 30.0)]
     assert points[2].latency()["kind"] == "fixed" and "p99_s" not in points[2].latency()
+
+
+def test_passes_interleave_the_sides_and_compare_medians() -> None:
+    passes = _load("passes")
+    order: list[str] = []
+    values = {"a": [10.0, 30.0, 20.0, 1000.0, 25.0], "b": [5.0, 5.0, 6.0, 4.0, 50.0]}
+
+    def side(name: str):  # type: ignore[no-untyped-def]
+        def run(i: int) -> float:
+            order.append(f"{name}{i}")
+            return values[name][i]
+        return run
+
+    got = passes.interleave({"a": side("a"), "b": side("b")}, 5)
+    assert order == ["a0", "b0", "a1", "b1", "a2", "b2", "a3", "b3", "a4", "b4"]   # pass by pass
+    assert got["a"].median == 25.0 and got["b"].median == 5.0                     # one outlier moves nothing
+    assert passes.ratio(got, "a", "b") == 5.0
+    assert got["a"].low == 10.0 and got["a"].high == 1000.0
+    assert "only 2 passes" in passes.ratio_line(passes.interleave({"a": side("a"), "b": side("b")}, 2), "a", "b")
+    assert "median (min 10, max 1,000" in passes.report(got, "x/s")
+    with pytest.raises(ValueError, match="passes"):
+        passes.interleave({"a": side("a")}, 0)
