@@ -11,7 +11,7 @@
 #   2. else PyTorch's CPU wheel index ($DART_TORCH_INDEX, default https://download.pytorch.org/whl/cpu),
 #      with PyPI ($DART_PYPI_INDEX, default https://pypi.org/simple) for torch's own dependencies.
 #   3. else (that index cannot be reached) whatever PyPI gives, which on Linux x86-64 is the CUDA
-#      build (several GB of nvidia-* packages; it runs on a CPU too). The install goes on, and the
+#      build (with its nvidia-* packages; it runs on a CPU too). The install goes on, and the
 #      last lines say what was installed and the one command that swaps in the CPU build.
 # PIP ARGS go to every pip call that installs (a test passes --dry-run --report FILE).
 set -euo pipefail
@@ -66,14 +66,14 @@ if [ "$(resolve)" = cpu ]; then
 fi
 
 if reachable "$CPU_INDEX"; then
-  say "torch $VERSION: the CPU build from $CPU_INDEX (about 200 MB; dependencies from $PYPI_INDEX)"
+  say "torch $VERSION: the CPU build from $CPU_INDEX (one 192 MB wheel for CPython 3.11 on x86-64; dependencies from $PYPI_INDEX)"
   "$PY" -m pip install -q --index-url "$CPU_INDEX" --extra-index-url "$PYPI_INDEX" "$@" "torch==$VERSION"
   exit 0
 fi
 
 say "WARNING: $CPU_INDEX cannot be reached (within ${PROBE_TIMEOUT_S} s); installing torch $VERSION from pip's"
-say "         own sources instead. On Linux x86-64 that is the CUDA build: several GB with its nvidia-*"
-say "         packages. It runs on a CPU, dart works with it."
+say "         own sources instead. On Linux x86-64 that is the CUDA build, with 28 more packages (nvidia-*,"
+say "         triton, cuda-*). It runs on a CPU too; dart works with it."
 "$PY" -m pip install -q "$@" "torch==$VERSION"
 say "installed: $("$PY" -c 'import torch; print(torch.__version__, "CUDA " + torch.version.cuda if torch.version.cuda else "CPU")' 2>/dev/null || echo "torch $VERSION (not importable yet)")"
 say "for the CPU build once $CPU_INDEX can be reached:"

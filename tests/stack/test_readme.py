@@ -78,7 +78,7 @@ SHORT = {
 
 TINY = {
     "run_id": "local", "workdir": "runs/local", "rl_minutes": 8, "max_updates": 100, "evaluate": False,
-    "experience_tasks": 0,
+    "experience_tasks": 4,  # oracle successes injected into all-fail groups: batches, so updates
     "recipe": {"train_tasks": 6, "eval_tasks": 4, "sft_demos": 4, "sft_steps": 2, "tasks_per_update": 1,
                "group_size": 2, "max_new_tokens": 16},
     "env": {"slots": 4},
