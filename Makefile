@@ -82,8 +82,8 @@ system-deps-vm:
 	@if [ -x $(PIP) ]; then $(PIP) install -q -e '.[vm]'; fi
 
 # torch first (deploy/install-torch.sh: the CPU build from pip's own sources or PyTorch's CPU
-# index), so nothing below can resolve torch to a CUDA build. A CUDA torch (the CPU index could
-# not be reached) is said, not refused: it runs on a CPU too.
+# index, https://download.pytorch.org/whl/cpu), so nothing below can resolve torch to a CUDA build.
+# A CUDA torch (the CPU index could not be reached) is said, not refused: it runs on a CPU too.
 $(RUN_STAMP): pyproject.toml Makefile deploy/install-torch.sh
 	$(MAKE) system-deps-run
 	test -x $(PY) || python3 -m venv $(VENV)
