@@ -4,11 +4,20 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DART := $(VENV)/bin/dart
-APT_PACKAGES := xvfb xdotool x11-utils openbox mousepad libreoffice-calc imagemagick \
-                libreoffice-writer libreoffice-impress chromium vlc gimp thunderbird xterm pcmanfm \
-                libvirt-dev libvirt-clients libvirt-daemon pkg-config docker-compose \
+# Each target installs what it runs. `make run` trains on synthetic screens drawn by Pillow: it
+# needs Python's venv module and nothing else from Debian. The desktop apps (OSWorld tasks on
+# xdesktop), libvirt/QEMU (the VM pool) and docker-compose (compose-file checks) come with
+# `make test`, or one group at a time with `make system-deps-desktop` / `make system-deps-vm`;
+# `make compose-test` installs Docker itself.
+RUN_APT_PACKAGES := python3-venv
+DESKTOP_APT_PACKAGES := xvfb xdotool x11-utils openbox mousepad libreoffice-calc imagemagick \
+                libreoffice-writer libreoffice-impress chromium vlc gimp thunderbird xterm pcmanfm
+VM_APT_PACKAGES := libvirt-dev libvirt-clients libvirt-daemon pkg-config \
                 qemu-system-x86 qemu-utils busybox-static linux-image-cloud-amd64
-STAMP := $(VENV)/.installed
+TEST_APT_PACKAGES := $(RUN_APT_PACKAGES) $(DESKTOP_APT_PACKAGES) $(VM_APT_PACKAGES) docker-compose
+TORCH_VERSION := 2.13.0
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
 
 # Property-based suites over everything that parses outside input; `make test` runs them bounded
 # (hypothesis profile "default"), `make fuzz` long (profile "fuzz", FUZZ_EXAMPLES examples each).
@@ -16,9 +25,10 @@ FUZZ_TESTS := tests/events/test_codec_fuzz.py tests/agent/test_uitars_properties
               tests/vm/test_protocol_fuzz.py tests/data/test_sqlguard.py tests/data/test_sqlguard_fuzz.py
 FUZZ_EXAMPLES ?= 20000
 
-.PHONY: run test fuzz install system-deps bench ablate lint clean compose-test contract-test gpu-lock
+.PHONY: run test fuzz install install-run system-deps system-deps-run system-deps-desktop system-deps-vm \
+        bench ablate lint clean compose-test contract-test gpu-lock
 
-run: install
+run: install-run
 	$(DART) doctor || true
 	$(DART) up configs/synthetic.yaml
 
@@ -57,9 +67,9 @@ contract-test: $(VLLM_STAMP)
 	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m pytest -q -c /dev/null --rootdir . \
 	  --confcutdir tests/vllm_contract -p no:cacheprovider -o addopts='' -W ignore::DeprecationWarning --tb=short --timeout 300 tests/vllm_contract $(PYTEST_ARGS)
 
-$(VLLM_STAMP): pyproject.toml deploy/gpu/constraints.txt deploy/gpu/contract-requirements.txt
+$(VLLM_STAMP): pyproject.toml deploy/gpu/constraints.txt deploy/gpu/contract-requirements.txt deploy/install-torch.sh
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	bash deploy/install-torch.sh $(VLLM_VENV) $(TORCH_VERSION)
 	$(VLLM_VENV)/bin/pip install -q --no-deps -c deploy/gpu/constraints.txt vllm==$(VLLM_PIN) xgrammar
 	$(VLLM_VENV)/bin/pip install -q -c deploy/gpu/constraints.txt -r deploy/gpu/contract-requirements.txt
 	$(VLLM_VENV)/bin/python -c "import torch, sys; sys.exit(0 if not torch.version.cuda else 'a CUDA torch was installed')"
@@ -72,23 +82,43 @@ gpu-lock:
 lint: install
 	$(VENV)/bin/ruff check .
 
-install: $(STAMP)
+# install: everything the tests need; install-run: only what `make run` runs.
+install: $(TEST_STAMP)
+install-run: $(RUN_STAMP)
 
-system-deps:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# The Debian packages of $(1) not installed yet, in one apt-get.
+APT_INSTALL = missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-$(STAMP): pyproject.toml Makefile
-	$(MAKE) system-deps
+system-deps: system-deps-run system-deps-desktop system-deps-vm
+	@$(call APT_INSTALL,docker-compose)
+system-deps-run:
+	@$(call APT_INSTALL,$(RUN_APT_PACKAGES))
+system-deps-desktop:
+	@$(call APT_INSTALL,$(DESKTOP_APT_PACKAGES))
+# The VM pool also needs libvirt-python in the virtualenv (built against libvirt-dev).
+system-deps-vm:
+	@$(call APT_INSTALL,$(VM_APT_PACKAGES))
+	@if [ -x $(PIP) ]; then $(PIP) install -q -e '.[vm]'; fi
+
+# torch first (deploy/install-torch.sh: the CPU build from pip's own sources or PyTorch's CPU
+# index, https://download.pytorch.org/whl/cpu), so nothing below can resolve torch to a CUDA build.
+# A CUDA torch (the CPU index could not be reached) is said, not refused: it runs on a CPU too.
+$(RUN_STAMP): pyproject.toml Makefile deploy/install-torch.sh
+	$(MAKE) system-deps-run
 	test -x $(PY) || python3 -m venv $(VENV)
-	# The CPU wheel first, so nothing below can resolve torch to a CUDA build.
-	$(PIP) install -q torch==2.13.0
+	bash deploy/install-torch.sh $(VENV) $(TORCH_VERSION)
+	$(PIP) install -q -e .
+	@$(PY) -c "import torch; print('torch', torch.__version__, 'CUDA build (see above for the CPU one)' if torch.version.cuda else 'CPU build')"
+	touch $(RUN_STAMP)
+
+$(TEST_STAMP): $(RUN_STAMP)
+	$(MAKE) system-deps
 	$(PIP) install -q -e '.[test,vm]'
-	$(PY) -c "import torch, sys; sys.exit(0 if not torch.version.cuda else 'a CUDA torch was installed')"
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -1,5 +1,10 @@
 """The ``dart`` command: one entry point, ``--help`` everywhere.
 
+Exit status: 0 done, 1 a failure at run time (a missing broker, store, run directory or file,
+a failed check), 2 a usage error (a wrong flag or argument, a config value that is not allowed),
+130 interrupted. A failure dart expects is one line naming what is missing and the fix; ``-v``
+adds the traceback.
+
 Each package contributes its commands from ``dart/<package>/cli.py`` through
 ``register(subparsers)``; heavy imports (torch, transformers) happen inside the command
 functions so ``dart --help`` stays fast.
@@ -15,7 +20,7 @@ from types import ModuleType
 
 from dart import __version__
 from dart.config import setup_logging
-from dart.errors import DartError
+from dart.errors import ConfigError, DartError
 
 
 def command_modules() -> list[ModuleType]:
@@ -73,12 +78,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         maybe_start_exporter(args.command)  # a long-lived service: Prometheus /metrics
     try:
         rc = args.func(args)
-    except DartError as exc:
-        print(f"dart {args.command}: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        code = failure_code(exc)
+        if code is None or args.verbose:
+            raise  # a bug (or -v): the whole traceback
+        sub = [str(v) for k, v in vars(args).items() if k.endswith("_command") and v]
+        print(f"dart {' '.join([args.command, *sub])}: {exc}", file=sys.stderr)
+        return code
     return int(rc or 0)
+
+
+def failure_code(exc: BaseException) -> int | None:
+    """The exit status of a failure dart expects (2 usage, 1 run time), None for anything else."""
+    if isinstance(exc, ConfigError):
+        return 2
+    if isinstance(exc, DartError | OSError):  # missing files, refused connections, ToolMissing, ...
+        return 1
+    for cls in type(exc).__mro__:  # the Kafka and ClickHouse clients' own errors, without importing them
+        if (cls.__module__.split(".")[0], cls.__name__) in EXPECTED_FOREIGN:
+            return 1
+    return None
+
+
+EXPECTED_FOREIGN = {("aiokafka", "KafkaError"), ("confluent_kafka", "KafkaException"),
+                    ("clickhouse_connect", "ClickHouseError")}
+"""Errors of the clients dart drives that mean an unreachable or refusing server, not a bug."""
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SERVICES = ("env", "rollout", "data", "train")
-KERNEL = ("events", "bus", "log", "blobs", "config", "errors", "resources")
+KERNEL = ("events", "bus", "log", "blobs", "config", "errors", "resources", "rundir")
 """Packages and modules of dart/ every service may import, besides the agent core."""
 KAFKA_CLIENTS = ("aiokafka", "confluent_kafka", "kafka")
 KAFKA_HOMES = ("bus", "log")

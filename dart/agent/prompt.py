@@ -131,13 +131,6 @@ def smart_resize(
     return w, h
 
 
-def resized_screen(ctx: PromptContext, cfg: PromptConfig) -> tuple[int, int]:
-    """(width, height) of the model's view of this step's screen: what its pixels refer to."""
-    return smart_resize(
-        ctx.screen_width, ctx.screen_height, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels
-    )
-
-
 def decode_image(data: Image.Image | bytes) -> Image.Image:
     """An RGB PIL image from PNG/JPEG bytes (or an image); DecodeError when unreadable."""
     from PIL import Image, UnidentifiedImageError

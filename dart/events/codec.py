@@ -179,13 +179,6 @@ class Registry:
                 old = fastavro.parse_schema(_without_logical_types(old_raw))
                 self._by_fp[fingerprint(old_raw)] = _Codec(cls, old, current, to_avro, from_avro, b"")
 
-    def type_named(self, name: str) -> type[Event]:
-        """The event class for a short (``ActionChosen``) or full (``dart.v1.ActionChosen``) name."""
-        short = name.rsplit(".", 1)[-1]
-        if short not in self._by_name:
-            raise KeyError(f"no event type {name!r}; known: {sorted(self._by_name)}")
-        return self._by_name[short]
-
     def names_by_fingerprint(self) -> dict[bytes, str]:
         """Every known writer fingerprint (8 bytes, as on the wire) -> its event type's short name."""
         return {fp: codec.cls.SCHEMA.rsplit(".", 1)[-1] for fp, codec in self._by_fp.items()}

@@ -19,6 +19,7 @@ from typing import Any
 
 from dart.bus.cli import add_bus_args, bus_from_args
 from dart.config import build, load_yaml, progress
+from dart.rundir import add_run_arg
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,27 @@ def log_dir_of(path: str | Path) -> Path:
     """``RUN_DIR/log`` for a run directory, else the path itself."""
     p = Path(path)
     return p / "log" if (p / "log").is_dir() or (p / "summary.json").exists() or (p / "config").is_dir() else p
+
+
+def existing_log_dir(path: str | Path) -> Path:
+    """:func:`log_dir_of` of a path that must already hold an archive (ls, verify, import read it)."""
+    from dart.rundir import RunMissing
+
+    where = log_dir_of(path)
+    if not where.is_dir():
+        raise RunMissing(f"no archive at {where}: name a run directory (runs/local) or its log/ folder; "
+                         f"`dart up` and `dart archiver` write one")
+    return where
+
+
+def _path(args: argparse.Namespace) -> str:
+    """PATH, or --run RUN_DIR (the same thing)."""
+    path = getattr(args, "path", None) or getattr(args, "run", None)
+    if path is None:
+        from dart.errors import ConfigError
+
+        raise ConfigError("give the run directory (PATH or --run RUN_DIR)")
+    return path
 
 
 def register(sub: Any) -> None:
@@ -39,12 +61,14 @@ def register(sub: Any) -> None:
     p = sub.add_parser("log", help="the archived event log of a run: ls, verify, export, import")
     lsub = p.add_subparsers(dest="log_command", required=True)
     e = lsub.add_parser("ls", help="topics, records, offset ranges, bytes and gaps of an archive")
-    e.add_argument("path", help="run directory or archive directory")
+    e.add_argument("path", nargs="?", help="run directory or archive directory")
+    add_run_arg(e)
     e.add_argument("--json", action="store_true", help="one JSON object per partition, in a list")
     e.set_defaults(func=cmd_ls)
     e = lsub.add_parser("verify", help="every file readable, offsets contiguous, every record decodes "
                                        "(exit 1 otherwise, naming the file and offset)")
-    e.add_argument("path", help="run directory or archive directory")
+    e.add_argument("path", nargs="?", help="run directory or archive directory")
+    add_run_arg(e)
     e.set_defaults(func=cmd_verify)
     e = lsub.add_parser("export", help="copy a live broker's topics of the prefix into an archive (until caught up)")
     e.add_argument("path", help="run directory or archive directory")
@@ -80,7 +104,9 @@ def cmd_archiver(args: argparse.Namespace) -> int:
 def cmd_ls(args: argparse.Namespace) -> int:
     from dart.log.check import format_listing, listing
 
-    rows = listing(log_dir_of(args.path))
+    rows = listing(existing_log_dir(_path(args)))
+    if not rows:
+        print(f"dart log ls: no archived records in {existing_log_dir(_path(args))}", file=sys.stderr)
     print(json.dumps([dataclasses.asdict(r) for r in rows], indent=1) if args.json else format_listing(rows))
     return 0 if rows else 1
 
@@ -88,7 +114,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from dart.log.check import verify
 
-    where = log_dir_of(args.path)
+    where = existing_log_dir(_path(args))
     verdict = verify(where)
     for line in verdict.dead_lettered:
         print(f"dead-lettered in the run (not a fault of the archive): {line}")
@@ -122,10 +148,13 @@ def counting(count: Callable[[], int], *, desc: str, unit: str) -> Iterator[None
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from dart.bus.cli import require_broker
     from dart.log.archiver import Archiver, ArchiverConfig
 
     where = log_dir_of(args.path)
-    archiver = Archiver(ArchiverConfig(log_dir=where), bus_from_args(args))
+    bus = bus_from_args(args)
+    require_broker(bus)
+    archiver = Archiver(ArchiverConfig(log_dir=where), bus)
     with counting(lambda: archiver.archived, desc="export", unit="record"):
         per_topic = archiver.run(until_caught_up=True)
     print(f"exported {sum(per_topic.values())} records of {len(per_topic)} topics into {where}")
@@ -136,7 +165,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from dart.log import list_segments
     from dart.log.restore import import_archive
 
-    where = log_dir_of(args.path)
+    where = existing_log_dir(args.path)
     bus = bus_from_args(args)
     parts = list_segments(where)
     bar = progress(total=len(parts), desc="import", unit="partition")

@@ -32,7 +32,7 @@ from typing import Any
 import fastavro
 
 from dart.blobs import fsync_dir
-from dart.errors import DartError, DecodeError
+from dart.errors import DartError
 
 ARCHIVE_SCHEMA: dict[str, Any] = {
     "type": "record",
@@ -220,11 +220,3 @@ def event_type_of(value: bytes | None, names: dict[bytes, str]) -> str | None:
     if value is None or len(value) < 10 or value[:2] != b"\xc3\x01":
         return None
     return names.get(bytes(value[2:10]))
-
-
-def check_decodes(rec: dict[str, Any], decode: Any) -> Any:
-    """Decode one archived value with dart's codec; DecodeError names where it sits in the log."""
-    try:
-        return decode(rec["value"])
-    except DecodeError as exc:
-        raise DecodeError(f"{rec['topic']}[{rec['partition']}]@{rec['offset']}: {exc}") from exc

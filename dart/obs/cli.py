@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
 from dart.bus.cli import add_bus_args, bus_from_args
 from dart.config import build, load_yaml
+from dart.rundir import tensorboard_dir
 
 
 def register(sub: Any) -> None:
@@ -15,12 +18,13 @@ def register(sub: Any) -> None:
         "metrics", help="TensorBoard event files from the log: live (a service of `dart up`) or, given RUN_DIR, "
                         "from its archive after the fact (the same records)")
     p.add_argument("run_dir", nargs="?", type=Path,
-                   help="a finished run's directory: read RUN_DIR/log (no broker needed), write RUN_DIR/tensorboard")
+                   help="a finished run's directory: read RUN_DIR/log (no broker needed), write "
+                        "RUN_DIR/tensorboard/RUN_ID")
     p.add_argument("--out", type=Path, help="directory of the event files")
     p.add_argument("--blobs", help="blob store of the screenshots (default RUN_DIR/blobs)")
     p.add_argument("--image-every-versions", type=int, help="pictures of trajectories at every N policy versions")
     p.add_argument("--images-per-version", type=int, help="trajectories drawn at such a version (0: none)")
-    add_bus_args(p)  # --config: its `metrics:` section configures the live sink
+    add_bus_args(p)  # --config: its `metrics:` section configures the live sink; --run: a live run's broker
     p.set_defaults(func=cmd_metrics)
 
 
@@ -31,7 +35,7 @@ def metrics_config(args: argparse.Namespace) -> Any:
     if getattr(args, "config", None):
         data = dict(load_yaml(args.config).get("metrics", {}) or {})
     if args.run_dir is not None:
-        data.setdefault("out_dir", str(args.run_dir / "tensorboard"))
+        data.setdefault("out_dir", str(tensorboard_dir(args.run_dir, _run_id(args.run_dir))))
         if (args.run_dir / "blobs").is_dir():
             data.setdefault("blobs", str(args.run_dir / "blobs"))
     for flag, key in (("out", "out_dir"), ("blobs", "blobs"), ("image_every_versions", "image_every_versions"),
@@ -42,8 +46,22 @@ def metrics_config(args: argparse.Namespace) -> Any:
     return build(MetricsConfig, data, path="metrics")
 
 
+def _run_id(run_dir: Path) -> str:
+    """The run id `dart up` recorded (run.json, else summary.json), else the directory's name."""
+    for name in ("run.json", "summary.json"):
+        with contextlib.suppress(OSError, ValueError):
+            return str(json.loads((run_dir / name).read_text())["run_id"])
+    return run_dir.resolve().name
+
+
 def cmd_metrics(args: argparse.Namespace) -> int:
     from dart.obs.sink import from_archive, run_live
+
+    if args.run_dir is not None and not (args.run_dir / "log").is_dir():
+        from dart.rundir import RunMissing
+
+        raise RunMissing(f"no archived log in {args.run_dir} (no {args.run_dir / 'log'}): name the directory "
+                         f"`dart up` ran in, e.g. runs/local")
 
     cfg = metrics_config(args)
     if args.run_dir is not None:

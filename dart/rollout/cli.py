@@ -23,10 +23,11 @@ def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a policy as an OpenAI-compatible chat-completions endpoint")
     p.add_argument("--model", required=True, help="model directory (save_pretrained layout)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--port", type=int, default=8000, help="port to bind (default %(default)s)")
+    p.add_argument("--device", default="cpu", help="torch device of the model (default %(default)s)")
     p.add_argument("--name", default="policy", help="model name reported to clients")
-    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-batch-size", type=int, default=8,
+                   help="most requests generated together (default %(default)s)")
     p.set_defaults(func=cmd_serve)
 
     from dart.rollout.service import RolloutWorkerConfig

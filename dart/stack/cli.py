@@ -33,6 +33,8 @@ def register(sub: Any) -> None:
     p.add_argument("--episodes", type=int, help="evaluation episodes (default: the recipe's)")
     p.add_argument("--json", action="store_true", help="the result as one JSON object (success, episodes, "
                                                        "model, checkpoint, by_instruction)")
+    p.add_argument("--run", metavar="RUN_DIR", type=Path,
+                   help="the run's directory: its stack config and workdir, as `dart up` wrote them in RUN_DIR/run.json")
     p.set_defaults(func=cmd_eval)
 
     from dart.data.cli import add_replay_args
@@ -58,6 +60,7 @@ def register(sub: Any) -> None:
     r = rsub.add_parser("update", help="re-run one logged trainer update from its checkpoint and batch")
     r.add_argument("run_dir", type=Path, help="the run's directory")
     r.add_argument("version", type=int, help="the policy version the update made")
+    r.add_argument("--trainer-config", type=Path, help="the trainer's config (default RUN_DIR/config/trainer.yaml)")
     r.set_defaults(func=cmd_replay_update)
 
 
@@ -85,7 +88,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     # SIGTERM (kill, a supervisor, CI) takes Ctrl-C's path: every service stopped cleanly, the
     # summary written; without this `dart up` died at once and left its services running.
     signal.signal(signal.SIGTERM, _interrupt)
-    summary = up(cfg)
+    summary = up(cfg, config_file=args.config)
     return 1 if summary.get("interrupted") else 0
 
 
@@ -101,11 +104,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from dart.recipe.episodes import evaluate, success_by_instruction
     from dart.stack.up import latest_checkpoint, load_checkpoint_policy
 
+    if args.run is not None:
+        from dart.rundir import open_run
+
+        run = open_run(args.run)
+        if run.config is not None and args.config == DEFAULT_CONFIG:
+            args.config = Path(run.config)
+        args.workdir = args.run
+    if not Path(args.config).is_file():
+        from dart.rundir import RunMissing
+
+        raise RunMissing(f"no config file {args.config}: give the stack YAML `dart up` ran (e.g. configs/synthetic.yaml)")
     cfg = load_stack_config(args.config, args)
     workdir = cfg.workdir.resolve()
     recipe = cfg.recipe if args.episodes is None else dataclasses.replace(cfg.recipe, eval_episodes=args.episodes)
     checkpoint = args.checkpoint or (latest_checkpoint(workdir / "checkpoints") if args.latest else None)
     model = args.model or (workdir / "warm")
+    if not (model / "config.json").exists():
+        from dart.rundir import RunMissing
+
+        raise RunMissing(f"no policy in {model}: a run's warm start writes WORKDIR/warm (`make run`; name the run "
+                         f"with --run RUN_DIR), or give --model DIR")
     _, held_out = make_tasks(recipe)
     policy = load_checkpoint_policy(model, checkpoint)
     outcomes: list[tuple[dict[str, Any], bool]] = []
@@ -145,7 +164,8 @@ def cmd_replay_store(args: argparse.Namespace) -> int:
 def cmd_replay_update(args: argparse.Namespace) -> int:
     from dart.recipe.debug import replay_update
 
-    update = replay_update(args.run_dir, args.version)
+    _require_run_dir(args.run_dir)
+    update = replay_update(args.run_dir, args.version, trainer_config=args.trainer_config)
     print(update.text())
     return 0 if update.identical else 1
 
@@ -153,6 +173,15 @@ def cmd_replay_update(args: argparse.Namespace) -> int:
 def cmd_replay_decision(args: argparse.Namespace) -> int:
     from dart.recipe.debug import replay_decision
 
+    _require_run_dir(args.run_dir)
     result = replay_decision(args.run_dir, args.rollout_id, args.step, worker_config=args.worker_config)
     print(result.text())
     return 0 if result.identical else 1
+
+
+def _require_run_dir(run_dir: Path) -> None:
+    from dart.rundir import RunMissing
+
+    if not (run_dir / "log").is_dir():
+        raise RunMissing(f"{run_dir} is not a run directory with an archived log (no {run_dir / 'log'}): "
+                         f"name the directory `dart up` ran in, e.g. runs/local")

@@ -128,7 +128,7 @@ class StackConfig:
     """Measure held-out success of the warm start and of the final policy."""
     tensorboard: bool = True
     """Run `dart metrics` beside the services: TensorBoard event files of the run, rebuilt from
-    the log as it happens, in ``WORKDIR/tensorboard`` (false: no such service)."""
+    the log as it happens, in ``WORKDIR/tensorboard/RUN_ID`` (false: no such service)."""
     warm_model: Path | None = None
     """Start from this policy directory (e.g. an earlier run's ``warm``) instead of building
     and warm-starting one; recipe.model and recipe.sft_* are then not used."""

@@ -14,6 +14,7 @@ from typing import Any
 from dart.config import build
 from dart.errors import ConfigError
 from dart.recipe.config import curation_section
+from dart.rundir import tensorboard_dir
 from dart.stack.config import StackConfig
 from dart.stack.supervisor import ServiceSpec
 
@@ -91,7 +92,8 @@ def service_sections(cfg: StackConfig, *, workdir: Path, model_dir: Path,
     # The archiver writes the log to RUN_DIR/log as it happens: the run's durable copy of the log.
     out["archiver"] = {"archiver": {"log_dir": str(workdir / "log"), "flush_interval_s": 1.0}}
     if cfg.tensorboard:  # TensorBoard files from the log (`dart metrics`), as the run goes
-        out["metrics"] = {"metrics": {"out_dir": str(workdir / "tensorboard"), "blobs": blobs}}
+        # One folder per run id: `tensorboard --logdir` over runs names each run by its id.
+        out["metrics"] = {"metrics": {"out_dir": str(tensorboard_dir(workdir, cfg.run_id)), "blobs": blobs}}
     if cfg.pipeline == "coupled":
         data["pipeline"] = "coupled"
     out["data-manager"] = {"data": deep_merge(data, cfg.data.options)}

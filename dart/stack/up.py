@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import time
 from dataclasses import asdict
@@ -24,6 +25,7 @@ import yaml
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
 from dart.env.catalogue import task_events
+from dart.rundir import mark_stopped, tensorboard_dir, write_descriptor
 from dart.stack.config import StackConfig
 from dart.stack.osworld import OsworldPool, osworld_pool, wait_until_serving
 from dart.stack.progress import Display, Progress, Snapshot, render
@@ -78,6 +80,14 @@ def import_oracle_experience(bus: BusConfig, run_id: str, tasks: list[dict[str, 
     return len(by_rollout)
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the current directory where it is under it (as a user would type it)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def free_port() -> int:
     """A TCP port free on the loopback interface now (the OS picks it)."""
     with socket.socket() as sock:
@@ -110,8 +120,9 @@ Outcomes = list[tuple[dict[str, Any], bool]]
 """Held-out episodes as (task, solved), for the success per instruction."""
 
 
-def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]:
-    """Run the whole thing; returns the summary (also written to WORKDIR/summary.json)."""
+def up(cfg: StackConfig, *, stop_after_s: float | None = None, config_file: Path | None = None) -> dict[str, Any]:
+    """Run the whole thing; returns the summary (also written to WORKDIR/summary.json). While it
+    runs, WORKDIR/run.json says where the run's broker, topics, store and blobs are (`--run WORKDIR`)."""
     t_start = time.monotonic()
     recipe = cfg.recipe
     train, held_out, pool = run_tasks(cfg)
@@ -135,6 +146,10 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
     supervisor = Supervisor(workdir / "logs", base_env={"DART_BOOTSTRAP": bus.bootstrap,
                                                         "DART_METRICS_DIR": str(workdir / "metrics"),
                                                         "DART_RUN_ID": cfg.run_id})
+    write_descriptor(workdir, run_id=cfg.run_id, bootstrap=bus.bootstrap, prefix=bus.prefix, config=config_file,
+                     pid=os.getpid())
+    say(f"run {cfg.run_id!r} in {workdir}: topics {bus.prefix}.* on {bus.bootstrap}; read it with --run, e.g. "
+        f"`dart tail --run {_shown(workdir)} dart.trajectories`")
     try:
         ensure_topics(bus)
         if not (broker is not None and restore_log(workdir / "log", bus)):
@@ -164,6 +179,7 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
         stop_services(supervisor)
         if broker is not None:
             broker.stop()
+        mark_stopped(workdir)
 
     report_dir = write_run_report(workdir)
     if report_dir is not None:
@@ -268,7 +284,8 @@ def start_services(cfg: StackConfig, supervisor: Supervisor, workdir: Path, warm
     for spec in rollouts:
         supervisor.start(spec)
     if "metrics" in sections:
-        say(f"watch it: tensorboard --logdir {workdir / 'tensorboard'} --host 127.0.0.1; Prometheus /metrics "
+        say(f"watch it: tensorboard --logdir {tensorboard_dir(workdir, cfg.run_id).parent} --host 127.0.0.1; "
+            f"Prometheus /metrics "
             f"ports in {workdir / 'metrics'}/<service>.port")
 
 

@@ -92,7 +92,7 @@ def test_a_run_is_watched_live_and_rebuilt_equal_from_its_archive(tmp_path):
     # TensorBoard: the live files and the archive's, equal record for record.
     after = tmp_path / "after"
     dart("metrics", str(run), "--out", str(after))
-    live_scalars, live_images = records(run / "tensorboard")
+    live_scalars, live_images = records(run / "tensorboard" / "watch")  # named by the run id
     after_scalars, after_images = records(after)
     assert live_scalars == after_scalars
     assert live_images == after_images

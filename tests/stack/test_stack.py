@@ -33,7 +33,7 @@ def test_the_default_config_builds_every_service(tmp_path):
     out = sections(load_yaml(REPO / "configs" / "synthetic.yaml"), tmp_path)
     assert set(out) == {"env-0", "rollout-0", "trainer", "data-manager", "archiver", "metrics"}
     assert out["archiver"]["archiver"]["log_dir"] == str(tmp_path / "log")
-    assert out["metrics"]["metrics"]["out_dir"] == str(tmp_path / "tensorboard")
+    assert out["metrics"]["metrics"]["out_dir"] == str(tmp_path / "tensorboard" / "local")  # named by the run id
     assert "metrics" not in sections({"tensorboard": False}, tmp_path)
 
 

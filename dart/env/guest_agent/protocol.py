@@ -38,7 +38,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from dart.agent.actions import Action, InvalidAction, from_wire
+from dart.agent.actions import Action, from_wire
 from dart.errors import DartError
 from dart.events import ParsedAction
 
@@ -180,10 +180,6 @@ def parse_action(body: Any) -> Action:
 def action_body(parsed: ParsedAction) -> dict[str, Any]:
     """The ``/action`` request body for a wire action (fields that are set only)."""
     return {name: getattr(parsed, name) for name in _ACTION_FIELDS if getattr(parsed, name) is not None}
-
-
-def is_invalid(action: Action) -> bool:
-    return isinstance(action, InvalidAction)
 
 
 def parse_path(value: Any, field: str = "file_path") -> str:

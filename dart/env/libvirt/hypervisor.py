@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - exercised only without the vm extra
 
 def _require_libvirt() -> Any:
     if libvirt is None:
-        raise ToolMissing("libvirt-python is not installed: pip install 'dart-rl[vm]' (needs libvirt-dev, pkg-config)")
+        raise ToolMissing("libvirt-python is not installed: make system-deps-vm (libvirt-dev, pkg-config, then pip install -e '.[vm]')")
     return libvirt
 
 
@@ -145,7 +145,7 @@ def make_overlay(base: Path, overlay: Path) -> None:
     """A fresh qcow2 overlay backed by ``base`` (the base is never written)."""
     exe = shutil.which("qemu-img")
     if exe is None:
-        raise ToolMissing("qemu-img is not installed: apt-get install qemu-utils")
+        raise ToolMissing("qemu-img is not installed: apt-get install qemu-utils (or `make system-deps-vm`)")
     if not base.is_file():
         raise EnvError(f"base image {base} does not exist; set base_image in the pool config")
     overlay.unlink(missing_ok=True)

@@ -62,9 +62,9 @@ class LocalLibvirtd:
         """Start the daemon; returns its URI. ToolMissing / EnvError say why it cannot run."""
         exe = shutil.which("libvirtd") or ("/usr/sbin/libvirtd" if os.path.exists("/usr/sbin/libvirtd") else None)
         if exe is None:
-            raise ToolMissing("libvirtd is not installed: apt-get install libvirt-daemon libvirt-daemon-driver-qemu")
+            raise ToolMissing("libvirtd is not installed: apt-get install libvirt-daemon libvirt-daemon-driver-qemu (or `make system-deps-vm`)")
         if shutil.which("qemu-system-x86_64") is None:
-            raise ToolMissing("qemu-system-x86_64 is not installed: apt-get install qemu-system-x86")
+            raise ToolMissing("qemu-system-x86_64 is not installed: apt-get install qemu-system-x86 (or `make system-deps-vm`)")
         uid, gid = self.uid_gid
         dirs = {name: self.root / name for name in ("run", "config", "cache", "home")}
         for d in (self.root, *dirs.values()):

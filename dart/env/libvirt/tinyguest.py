@@ -80,7 +80,7 @@ def find_kernel() -> Path | None:
 def busybox_path() -> Path:
     path = shutil.which("busybox")
     if path is None:
-        raise ToolMissing("busybox is not installed: apt-get install busybox-static")
+        raise ToolMissing("busybox is not installed: apt-get install busybox-static (or `make system-deps-vm`)")
     return Path(path)
 
 
@@ -195,7 +195,7 @@ def prepare_assets(directory: Path, *, uid: int, gid: int) -> TinyAssets:
                           "(or set DART_VM_KERNEL)")
     qemu_img = shutil.which("qemu-img")
     if qemu_img is None:
-        raise ToolMissing("qemu-img is not installed: apt-get install qemu-utils")
+        raise ToolMissing("qemu-img is not installed: apt-get install qemu-utils (or `make system-deps-vm`)")
     directory.mkdir(parents=True, exist_ok=True)
     assets = TinyAssets(kernel=kernel, initrd=directory / "initrd.gz", base=directory / "base.qcow2",
                         template=directory / "tiny.xml.tmpl")

@@ -34,7 +34,7 @@ def chromium_binary() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if path := shutil.which(name):
             return path
-    raise ToolMissing("chromium not found: apt-get install chromium (or `make system-deps`)")
+    raise ToolMissing("chromium not found: apt-get install chromium (or `make system-deps-desktop`)")
 
 
 def free_port() -> int:

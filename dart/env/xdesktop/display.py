@@ -26,7 +26,7 @@ from dart.errors import EnvError, ToolMissing
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = ("apt-get install xvfb xdotool openbox mousepad libreoffice-calc libreoffice-writer "
-                "libreoffice-impress chromium vlc gimp thunderbird xterm pcmanfm (or `make system-deps`)")
+                "libreoffice-impress chromium vlc gimp thunderbird xterm pcmanfm (or `make system-deps-desktop`)")
 
 
 def require_tools(*names: str) -> None:
