@@ -38,11 +38,11 @@ def test_build_nested_config():
     ("data", "message"),
     [
         ({"name": "r", "env": {"slotz": 3}}, "unknown field env.slotz"),
-        ({"name": "r", "env": {"slots": "eight"}}, "env.slots must be an integer"),
-        ({"name": "r", "env": {"backend": "vmware"}}, "env.backend must be one of"),
+        ({"name": "r", "env": {"slots": "eight"}}, "env.slots: input should be a valid integer"),
+        ({"name": "r", "env": {"backend": "vmware"}}, "env.backend: input should be 'synthetic' or 'xdesktop'"),
         ({"name": "r", "env": {"slots": 0}}, "env.slots: must be positive"),
         ({"env": {}}, "missing required field name"),
-        ({"name": "r", "rates": [1, "x"]}, r"rates\[1\] must be a number"),
+        ({"name": "r", "rates": [1, "x"]}, r"rates\[1\]: input should be a valid number"),
     ],
 )
 def test_mistakes_name_the_field(data, message):
