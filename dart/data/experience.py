@@ -27,7 +27,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from dart.events import (
     TrajectoryFinished,
     TrajectoryStatus,
 )
+from dart.events.manifest import Sample
 
 NAMESPACE = uuid.UUID("6f1c3c1e-4d7b-4a59-9a51-5f0d9c7e2a10")
 PRODUCER = "experience-import"
@@ -113,6 +114,30 @@ def experience_events(record: dict[str, Any], *, run_id: str, origin: str, at_ms
         event_id=_id(rollout_id, "reward"), event_time=at_ms, **env, rollout_id=rollout_id, task_id=task_id,
         group_id=group_id, reward=reward, evaluator=PRODUCER, evaluator_version="1"))
     return events
+
+
+def samples_as_experience(samples: Sequence[Sample], *, decode: Callable[[list[int]], str], run_id: str,
+                          origin: str, at_ms: int) -> tuple[list[Event], int]:
+    """The events of training samples' trajectories (one per ``rollout_id``, steps in order) as
+    experience of ``origin``, each a success: how `dart up` puts the oracle's solutions in the
+    pool; ``decode`` turns response tokens into their text. Returns (events, trajectories)."""
+    by_rollout: dict[str, list[Sample]] = {}
+    for sample in samples:
+        by_rollout.setdefault(sample.rollout_id, []).append(sample)
+    events: list[Event] = []
+    for steps in by_rollout.values():
+        first = steps[0]
+        record = {
+            "task_id": first.task_id, "instruction": first.context.instruction, "reward": 1.0,
+            "screen_width": first.context.screen_width, "screen_height": first.context.screen_height,
+            "steps": [{"screenshot_digest": s.context.screenshot_digest,
+                       "response_text": decode(list(s.response_token_ids)),
+                       "response_token_ids": list(s.response_token_ids), "prompt_hash": s.prompt_hash,
+                       "policy_version": 0} for s in steps],
+        }
+        events += experience_events(record, run_id=run_id, origin=origin, at_ms=at_ms,
+                                    digest_of=lambda step: step["screenshot_digest"])
+    return events, len(by_rollout)
 
 
 def load_experience(path: Path, *, run_id: str, origin: str = "experience",

@@ -25,7 +25,7 @@ from dart.agent.weights import check_state_dict, state_dict_from_bytes
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
 from dart.data.cli import sql_client
-from dart.data.experience import experience_events
+from dart.data.experience import samples_as_experience
 from dart.data.report import build_report, write_plots
 from dart.env.catalogue import task_events
 from dart.events import now_ms
@@ -65,25 +65,14 @@ def import_oracle_experience(bus: BusConfig, run_id: str, tasks: list[dict[str, 
                              store: LocalBlobStore, recipe: Any) -> int:
     """Oracle solutions of ``tasks`` into the experience pool (events on the log, origin=oracle),
     so the data manager can inject a success into a group whose online rollouts all failed."""
-    by_rollout: dict[str, list[Any]] = {}
-    for sample in oracle_samples(tasks, policy, store, recipe):
-        by_rollout.setdefault(sample.rollout_id, []).append(sample)
+    events, trajectories = samples_as_experience(
+        oracle_samples(tasks, policy, store, recipe), run_id=run_id, origin="oracle", at_ms=now_ms(),
+        decode=lambda ids: policy.tokenizer.decode(ids, skip_special_tokens=True))
     producer = Producer(bus, client_id="dart-up-experience")
-    for steps in by_rollout.values():
-        first = steps[0]
-        record = {
-            "task_id": first.task_id, "instruction": first.context.instruction, "reward": 1.0,
-            "screen_width": first.context.screen_width, "screen_height": first.context.screen_height,
-            "steps": [{"screenshot_digest": s.context.screenshot_digest,
-                       "response_text": policy.tokenizer.decode(s.response_token_ids, skip_special_tokens=True),
-                       "response_token_ids": list(s.response_token_ids), "prompt_hash": s.prompt_hash,
-                       "policy_version": 0} for s in steps],
-        }
-        for event in experience_events(record, run_id=run_id, origin="oracle", at_ms=now_ms(),
-                                       digest_of=lambda step: step["screenshot_digest"]):
-            producer.send_nowait(event)
+    for event in events:
+        producer.send_nowait(event)
     producer.close()
-    return len(by_rollout)
+    return trajectories
 
 
 def free_port() -> int:
