@@ -48,10 +48,10 @@ from dart.recipe.warmstart import demo_tasks, manifest_of, oracle_samples, shuff
 from dart.rollout.engine import GenerateRequest
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig
 from dart.stack.config import StackConfig
-from dart.train.batch import collate, prepare_samples
+from dart.train.batch import prepare_samples
 from dart.train.config import EngineConfig, OptimConfig
 from dart.train.engine import TorchEngine
-from dart.train.loss import nll_loss
+from dart.train.sft import sft_step
 
 
 async def first_clicks(policy: Policy, tasks: list[dict], store: BlobStore, recipe: Recipe) -> list[bool]:
@@ -121,12 +121,7 @@ def main() -> None:
         words = set(COLORS)
         t0, losses = time.perf_counter(), []
         for step, chunk in enumerate(shuffled_chunks(kept, recipe.sft_micro_batch, random.Random(recipe.seed)), start=1):
-            batch = collate(chunk, torch.ones(len(chunk), dtype=torch.bool), pad_id=policy.pad_token_id)
-            logp_B_T, _ = engine.forward(batch)
-            loss, _ = nll_loss(logp_B_T, batch.mask_B_T)
-            engine.backward(loss)
-            engine.step()
-            losses.append(float(loss.detach()))
+            losses.append(sft_step(engine, chunk, policy.pad_token_id))
             if (step >= args.start and step % args.every == 0) or step == args.steps:
                 policy.model.eval()
                 right = asyncio.run(first_clicks(policy, probe, store, recipe))

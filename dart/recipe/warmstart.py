@@ -30,6 +30,10 @@ from dart.events import HistoryTurn
 from dart.events.manifest import BatchManifest, PromptContext, Sample
 from dart.recipe.config import Recipe
 from dart.recipe.episodes import evaluate
+from dart.train.batch import prepare_samples
+from dart.train.config import EngineConfig, OptimConfig
+from dart.train.engine import TorchEngine
+from dart.train.sft import epoch_chunks, sft_step
 
 Log = Callable[[str], None]
 
@@ -116,13 +120,6 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
     check scored above zero) the policy plays ``sft_check_episodes`` greedy episodes of training
     tasks, and SFT stops once their success reaches the target.
     """
-    import torch
-
-    from dart.train.batch import collate, prepare_samples
-    from dart.train.config import EngineConfig, OptimConfig
-    from dart.train.engine import TorchEngine
-    from dart.train.loss import nll_loss
-
     init = build_tiny(workdir / "init", seed=recipe.seed, size=recipe.model)
     if recipe.sft_steps == 0:
         return init
@@ -145,12 +142,7 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
     next_check, close = recipe.sft_check_every, False
     chunks = progress(shuffled_chunks(kept, size, rng), total=recipe.sft_steps, desc="SFT", unit="step")
     for step, chunk in enumerate(chunks, start=1):
-        batch = collate(chunk, torch.ones(size, dtype=torch.bool), pad_id=policy.pad_token_id)
-        logp_B_T, _ = engine.forward(batch)
-        loss, _ = nll_loss(logp_B_T, batch.mask_B_T)
-        engine.backward(loss)
-        engine.step()
-        losses.append(float(loss.detach()))
+        losses.append(sft_step(engine, chunk, policy.pad_token_id))
         if step % 100 == 0 or step == recipe.sft_steps:
             log(f"sft step {step}/{recipe.sft_steps}: nll {sum(losses) / len(losses):.4f}")
             losses = []
@@ -184,8 +176,6 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
 def shuffled_chunks(items: Sequence[Any], size: int, rng: random.Random) -> Iterator[list[Any]]:
     """Endless chunks of ``size`` items, each pass over ``items`` a fresh shuffle
     (:func:`dart.train.sft.epoch_chunks`); a short last chunk of a pass is left out."""
-    from dart.train.sft import epoch_chunks
-
     if not 1 <= size <= len(items):
         raise ValueError(f"chunk size must be in [1, {len(items)}], got {size}")
     while True:
