@@ -34,7 +34,6 @@ from typing import Any
 from dart.events import (
     ActionChosen,
     Event,
-    HistoryTurn,
     ObservationEmitted,
     ReplyRoute,
     RewardAssigned,
@@ -42,7 +41,7 @@ from dart.events import (
     TrajectoryFinished,
     TrajectoryStatus,
 )
-from dart.events.manifest import Sample
+from dart.events.manifest import Sample, step_contexts
 
 NAMESPACE = uuid.UUID("6f1c3c1e-4d7b-4a59-9a51-5f0d9c7e2a10")
 PRODUCER = "experience-import"
@@ -78,20 +77,20 @@ def experience_events(record: dict[str, Any], *, run_id: str, origin: str, at_ms
     group_id = f"experience:{task_id}"
     env = dict(run_id=run_id, producer=PRODUCER)
     events: list[Event] = []
-    history: list[HistoryTurn] = []
-    versions: list[int] = []
     for i, step in enumerate(steps):
         if not isinstance(step, dict):
             raise ValueError(f"steps[{i}] must be an object")
-        text = _require(step, "response_text", str)
+    texts = [_require(step, "response_text", str) for step in steps]
+    contexts = step_contexts(instruction, (width, height), [(digest_of(step), text) for step, text in zip(
+        steps, texts, strict=True)])
+    versions = [int(step.get("policy_version", 0)) for step in steps]
+    for step, ctx, text, version in zip(steps, contexts, texts, versions, strict=True):
+        i = ctx.step_index
         tokens = [int(t) for t in _require(step, "response_token_ids", list)]
-        digest = digest_of(step)
-        version = int(step.get("policy_version", 0))
-        versions.append(version)
         obs = ObservationEmitted(
             event_id=_id(rollout_id, "obs", i), event_time=at_ms, **env, rollout_id=rollout_id,
             request_id=rollout_id, task_id=task_id, group_id=group_id, step_index=i, instruction=instruction,
-            screenshot_digest=digest, screen_width=width, screen_height=height, history=list(history),
+            screenshot_digest=ctx.screenshot_digest, screen_width=width, screen_height=height, history=ctx.history,
             reply=NO_ROUTE, sampling=NO_SAMPLING, max_steps=len(steps), mode="experience", env_worker=PRODUCER,
             slot=0)
         events.append(obs)
@@ -102,7 +101,6 @@ def experience_events(record: dict[str, Any], *, run_id: str, origin: str, at_ms
             entropies=[float(x) for x in step.get("entropies", [])], policy_version=version,
             prompt_hash=str(step.get("prompt_hash", "")), prompt_tokens=0, finish_reason="stop",
             engine=origin, queue_s=0.0, generate_s=0.0, sampling=NO_SAMPLING))
-        history.append(HistoryTurn(step_index=i, screenshot_digest=digest, response_text=text))
     status = TrajectoryStatus.SUCCESS if reward > 0 else TrajectoryStatus.FAIL
     events.append(TrajectoryFinished(
         event_id=_id(rollout_id, "finished"), event_time=at_ms, **env, rollout_id=rollout_id, request_id=rollout_id,

@@ -26,8 +26,7 @@ from dart.blobs import BlobStore
 from dart.config import progress
 from dart.env.synthetic import oracle_trace, render_png, screen_of
 from dart.errors import ConfigError
-from dart.events import HistoryTurn
-from dart.events.manifest import BatchManifest, PromptContext, Sample
+from dart.events.manifest import BatchManifest, Sample, step_contexts
 from dart.recipe.config import Recipe
 from dart.recipe.episodes import evaluate
 from dart.train.batch import prepare_samples
@@ -71,20 +70,16 @@ def oracle_samples(tasks: Sequence[dict[str, Any]], policy: Policy, store: BlobS
     for task in tasks:
         spec = screen_of(task)
         screen = (int(spec["width"]), int(spec["height"]))
-        history: list[HistoryTurn] = []
-        for i, (state, action) in enumerate(oracle_trace(task)):
-            digest = store.put(render_png(spec, state))
-            ctx = PromptContext(instruction=task["instruction"], step_index=i, screenshot_digest=digest,
-                                screen_width=screen[0], screen_height=screen[1], history=list(history))
-            text = oracle_text(action, screen, recipe)
+        turns = [(store.put(render_png(spec, state)), oracle_text(action, screen, recipe))
+                 for state, action in oracle_trace(task)]
+        for ctx, (_, text) in zip(step_contexts(task["instruction"], screen, turns), turns, strict=True):
             ids = [*policy.tokenizer(text, add_special_tokens=False)["input_ids"], stop]
             messages, images = build_messages(ctx, load, recipe.prompt)
             inputs = encode_prompt(policy.tokenizer, policy.image_processor, messages, images)
-            samples.append(Sample(rollout_id=f"oracle:{task['id']}", step_index=i, task_id=task["id"],
+            samples.append(Sample(rollout_id=f"oracle:{task['id']}", step_index=ctx.step_index, task_id=task["id"],
                                   group_id=f"oracle:{task['id']}", context=ctx, prompt_hash=prompt_hash(inputs.input_ids),
                                   response_token_ids=ids, rollout_logprobs=[0.0] * len(ids), entropies=[],
                                   policy_version=0, reward=1.0, origin="oracle", sft=True))
-            history.append(HistoryTurn(step_index=i, screenshot_digest=digest, response_text=text))
     return samples
 
 
