@@ -222,7 +222,7 @@ def add_config_args(p: argparse.ArgumentParser, *, default: Path | None = None, 
     """The config argument every command that takes one shares: ``[CONFIG] [KEY=VALUE ...]`` (and
     ``--config FILE``), read by :func:`config_from_args`."""
     shown = f" (default: {default})" if default is not None else ""
-    p.add_argument("config_items", nargs="*", metavar="CONFIG [KEY=VALUE ...]",
+    p.add_argument("config_items", nargs="*", metavar="CONFIG|KEY=VALUE",
                    help=f"YAML config{what}{shown}, then dotted overrides of any of its keys "
                         "(env.slots=32 trainer.loss.tis=token); an unknown key is refused by name")
     p.add_argument("--config", help="the config file (the same as CONFIG)")
