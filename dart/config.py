@@ -78,7 +78,7 @@ def _describe(error: Any, path: str, cls: type) -> str:
     for part in error["loc"]:
         if isinstance(part, int):
             loc[-1:] = [f"{loc[-1] if loc else ''}[{part}]"]
-        elif part not in _UNION_TAGS:  # union branches pydantic names in the location
+        elif part not in _UNION_TAGS and "[" not in str(part):  # union branches pydantic names in the location
             loc.append(str(part))
     where = ".".join(loc)
     kind = error["type"]
@@ -96,7 +96,8 @@ def _describe(error: Any, path: str, cls: type) -> str:
     return f"{where or cls.__name__}: {message[:1].lower()}{message[1:]}, got {error['input']!r}"
 
 
-_UNION_TAGS = frozenset({"str", "int", "float", "bool", "none", "list[str]", "tuple[str, ...]", "function-after"})
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "none", "function-after", "function-plain", "is-instance",
+                         "lax-or-strict"})
 
 
 @functools.cache

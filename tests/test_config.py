@@ -79,3 +79,10 @@ def test_a_partial_mapping_changes_only_the_fields_it_names_of_a_configured_defa
     assert cfg.recipe.model.rope_theta == 3.0 and cfg.recipe.model.num_hidden_layers == 3
     with pytest.raises(ConfigError, match=r"recipe\.loss\.tis"):
         build(StackConfig, {"recipe": {"loss": {"tis": "sometimes"}}})
+
+
+def test_a_union_field_is_named_without_pydantics_branch_tags():
+    from dart.data.config import DataConfig
+
+    with pytest.raises(ConfigError, match=r"^data\.backend: input should be 'synthetic', 'xdesktop' or 'libvirt', got 5$"):
+        build(DataConfig, {"backend": 5}, path="data")
