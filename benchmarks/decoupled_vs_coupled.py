@@ -103,13 +103,13 @@ def stack_mapping(p: Point, mode: str, workdir: Path, args: argparse.Namespace) 
                    "rl_lr": 1e-6,
                    "temperature": 0.7, "top_p": 0.9,
                    "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "max_steps": args.max_steps},
-        "env": {"slots": p.slots, "options": {"heartbeat_s": 1.0, "synthetic": {"latency": p.latency(), "seed": 0}}},
-        "rollout": {"options": {"heartbeat_s": 1.0, "max_concurrency": max(16, p.slots)}},
+        "env": {"slots": p.slots, "heartbeat_s": 1.0, "synthetic": {"latency": p.latency(), "seed": 0}},
+        "rollout": {"heartbeat_s": 1.0, "max_concurrency": max(16, p.slots)},
         # NOTE: the coupled data manager counts a finished round's groups without the experience
         # pool, so a round of all-fail groups is never batched there; injection is off in both
         # modes so that both keep exactly the naturally mixed groups.
-        "data": {"options": {"curation": {"inject_experience": args.inject},
-                             "scheduler": {"capacity_factor": args.queue_factor}}},
+        "data": {"curation": {"inject_experience": args.inject},
+                 "scheduler": {"capacity_factor": args.queue_factor}},
     }
 
 

@@ -56,8 +56,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dart.config import build, load_yaml  # noqa: E402
+from dart.config import merge as deep_merge  # noqa: E402
+from dart.config import parse_override as dotted  # noqa: E402
 from dart.stack.config import StackConfig  # noqa: E402
-from dart.stack.services import deep_merge  # noqa: E402
 
 KNOBS = ("no_experience", "no_dynamic_rollouts", "no_dynamic_length", "no_entropy_selection", "no_tis",
          "no_clip_higher")
@@ -78,7 +79,7 @@ def variant_overrides(name: str, base: StackConfig, *, start: str = "full") -> d
         raise SystemExit(f"unknown ablation base {start!r} (known: {', '.join(BASES)})")
     if name == "preset":
         return {}
-    full: dict[str, Any] = {"data": {"options": {"curation": {"inject_experience": True, "adaptive_max_steps": True}}},
+    full: dict[str, Any] = {"data": {"curation": {"inject_experience": True, "adaptive_max_steps": True}},
                             "experience_tasks": base.experience_tasks or FULL_EXPERIENCE_TASKS}
     r = base.recipe
     curation = {
@@ -96,7 +97,7 @@ def variant_overrides(name: str, base: StackConfig, *, start: str = "full") -> d
     if start == "preset":
         full = {}
     if name in curation:
-        out: dict[str, Any] = deep_merge(full, {"data": {"options": {"curation": curation[name]}}})
+        out: dict[str, Any] = deep_merge(full, {"data": {"curation": curation[name]}})
         if name == "no_experience":
             out["experience_tasks"] = 0
         return out
@@ -116,26 +117,6 @@ def ablation_names(base: StackConfig) -> tuple[list[str], str | None]:
         "no_clip_higher left out: this recipe takes one optimiser step per batch (ppo_epochs 1, "
         "ppo_minibatches 1), so the PPO ratio is exactly 1 and the clip range changes nothing; "
         "ask for it with --variants to run it anyway, or set recipe.ppo_minibatches above 1")
-
-
-def dotted(item: str) -> dict[str, Any]:
-    """``a.b=VALUE`` as ``{"a": {"b": VALUE}}``: VALUE an int, else a float (``3e-4``, which YAML 1.1
-    reads as a string), else YAML."""
-    key, sep, value = item.partition("=")
-    if not sep or not key:
-        raise SystemExit(f"--set wants KEY=VALUE, got {item!r}")
-    out: Any
-    for kind in (int, float):
-        try:
-            out = kind(value)
-            break
-        except ValueError:
-            continue
-    else:
-        out = yaml.safe_load(value)
-    for part in reversed(key.split(".")):
-        out = {part: out}
-    return out
 
 
 def shown_path(path: Path) -> str:

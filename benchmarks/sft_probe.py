@@ -32,50 +32,53 @@ from pathlib import Path
 import torch
 import yaml
 
-from dart.agent.actions import InvalidAction
+from dart.agent.decide import EngineActor
 from dart.agent.model import Policy, load_policy
-from dart.agent.prompt import blob_image_loader, build_messages
+from dart.agent.prompt import blob_image_loader
 from dart.agent.tiny import build_tiny
-from dart.agent.uitars import parse_actions
 from dart.blobs import BlobStore, LocalBlobStore
 from dart.config import build
+from dart.env.episode import Episode
 from dart.env.synthetic import SyntheticBackend
 from dart.events import Sampling
-from dart.events.manifest import PromptContext
 from dart.recipe.config import Recipe, make_tasks
 from dart.recipe.episodes import evaluate
 from dart.recipe.warmstart import demo_tasks, manifest_of, oracle_samples, shuffled_chunks
-from dart.rollout.engine import GenerateRequest
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig
 from dart.stack.config import StackConfig
-from dart.train.batch import collate, prepare_samples
+from dart.train.batch import prepare_samples
 from dart.train.config import EngineConfig, OptimConfig
 from dart.train.engine import TorchEngine
-from dart.train.loss import nll_loss
+from dart.train.sft import sft_step
+
+
+class _Watched(SyntheticBackend):
+    """The synthetic backend, keeping the info of its latest step (which page the click turned to)."""
+
+    info: dict = {}  # noqa: RUF012 (replaced, never mutated)
+
+    async def step(self, action):  # type: ignore[no-untyped-def]
+        obs = await super().step(action)
+        self.info = obs.info
+        return obs
 
 
 async def first_clicks(policy: Policy, tasks: list[dict], store: BlobStore, recipe: Recipe) -> list[bool]:
-    """Per task: does the greedy first answer turn the first page (or finish the task)?"""
+    """Per task: does the greedy first answer turn the first page (or finish the task)? One step
+    of the episode loop (:class:`dart.env.episode.Episode`) with the greedy policy as its actor."""
     engine = HFEngine(policy, HFEngineConfig(max_batch_size=64))
-    load = blob_image_loader(store)
+    greedy = Sampling(temperature=0.0, top_p=1.0, max_new_tokens=recipe.max_new_tokens, seed=1)
 
     async def one(task: dict) -> bool:
-        backend = SyntheticBackend()
-        obs = await backend.reset(task)
-        ctx = PromptContext(instruction=task["instruction"], step_index=0, screenshot_digest=store.put(obs.screenshot_png),
-                            screen_width=obs.width, screen_height=obs.height, history=[])
-        messages, images = build_messages(ctx, load, recipe.prompt)
-        gen = await engine.generate(GenerateRequest(messages=messages, images=images, sampling=Sampling(
-            temperature=0.0, top_p=1.0, max_new_tokens=recipe.max_new_tokens, seed=1)))
-        right = False
-        for action in parse_actions(gen.text, screen=(obs.width, obs.height), convention=recipe.convention,
-                                    min_pixels=recipe.prompt.min_pixels, max_pixels=recipe.prompt.max_pixels):
-            if not isinstance(action, InvalidAction):
-                after = await backend.step(action)
-                right = after.info.get("page") == 1 or bool(after.info.get("done"))
-                break
-        await backend.close()
-        return right
+        backend = _Watched()
+        actor = EngineActor(engine, load_image=blob_image_loader(store), prompt=recipe.prompt,
+                            convention=recipe.convention, sampling=lambda _: greedy)
+        try:
+            await Episode(task=task, instruction=task["instruction"], backend=backend, max_steps=1).run(
+                actor, store=store)
+        finally:
+            await backend.close()
+        return backend.info.get("page") == 1 or bool(backend.info.get("done"))
 
     try:
         return list(await asyncio.gather(*(one(t) for t in tasks)))
@@ -121,12 +124,7 @@ def main() -> None:
         words = set(COLORS)
         t0, losses = time.perf_counter(), []
         for step, chunk in enumerate(shuffled_chunks(kept, recipe.sft_micro_batch, random.Random(recipe.seed)), start=1):
-            batch = collate(chunk, torch.ones(len(chunk), dtype=torch.bool), pad_id=policy.pad_token_id)
-            logp_B_T, _ = engine.forward(batch)
-            loss, _ = nll_loss(logp_B_T, batch.mask_B_T)
-            engine.backward(loss)
-            engine.step()
-            losses.append(float(loss.detach()))
+            losses.append(sft_step(engine, chunk, policy.pad_token_id))
             if (step >= args.start and step % args.every == 0) or step == args.steps:
                 policy.model.eval()
                 right = asyncio.run(first_clicks(policy, probe, store, recipe))

@@ -1,18 +1,23 @@
-"""Typed, frozen configs built from YAML/JSON mappings; a mistake names the field.
+"""Typed, frozen configs built from YAML/JSON mappings and dotted command-line overrides; a
+mistake names the field.
 
 Configs are ``@dataclass(frozen=True, kw_only=True)`` classes owned by the package that uses
 them; each field's docstring (the string literal under it) is its help text. ``build``
 turns a nested mapping into such a class and refuses unknown fields, wrong types and failed
-``__post_init__`` checks with the dotted path of the field, at start-up.
+``__post_init__`` checks with the dotted path of the field, at start-up. pydantic checks the
+types of the plain dataclasses (no base class, no second schema); the file and the command
+line's ``KEY=VALUE`` overrides are merged here (:func:`config_from_args`).
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import contextlib
 import contextvars
 import dataclasses
 import datetime
+import functools
 import inspect
 import itertools
 import json
@@ -20,12 +25,12 @@ import logging
 import os
 import sys
 import textwrap
-import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
+import pydantic
 import yaml
 
 from dart.errors import ConfigError
@@ -45,111 +50,213 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def build(cls: type[T], data: dict[str, Any] | None, *, path: str = "") -> T:
-    """An instance of the config dataclass ``cls`` from a mapping; ConfigError names the field."""
-    data = dict(data or {})
-    where = f"{path}." if path else ""
-    if not isinstance(data, dict):
+def build(cls: type[T], data: Mapping[str, Any] | None, *, path: str = "", base: Any = None) -> T:
+    """An instance of the config dataclass ``cls`` from a mapping; ConfigError names the field.
+
+    The mapping is laid over ``base`` (an instance of ``cls``), else over ``cls``'s own defaults,
+    nested objects too: ``recipe: {loss: {tis: off}}`` changes only ``tis`` of the recipe's loss.
+    pydantic checks the types (``Literal``, unions, tuples, paths, nested dataclasses) and refuses
+    unknown fields; each class's ``__post_init__`` checks the values."""
+    if data is not None and not isinstance(data, Mapping):
         raise ConfigError(f"{path or 'config'} must be a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown field {where}{unknown[0]} (known: {', '.join(sorted(fields))})")
-    kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        f = fields[name]
-        if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
-            # A partial mapping for a field whose default is a configured object changes just
-            # the fields it names: `recipe: {loss: {tis: off}}` keeps the recipe's other loss
-            # settings rather than falling back to the loss class's own defaults.
-            default = f.default_factory()
-            if dataclasses.is_dataclass(default):
-                value = _overlay(default, value)
-        kwargs[name] = _coerce(hints[name], value, f"{where}{name}")
-    missing = [
-        n
-        for n, f in fields.items()
-        if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise ConfigError(f"missing required field {where}{missing[0]}")
+    if base is not None:
+        under = as_mapping(base)
+    elif hasattr(cls, "config_defaults"):  # a config whose defaults depend on the file (StackConfig)
+        under = cls.config_defaults(dict(data or {}))
+    else:
+        under = defaults_of(cls)
+    merged = merge(under, dict(data or {}))
     try:
-        return cls(**kwargs)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}{exc}" if where and not str(exc).startswith(where) else str(exc)) from exc
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path or cls.__name__}: {exc}") from exc
+        return _adapter(cls).validate_python(_expand_paths(cls, merged))
+    except pydantic.ValidationError as exc:
+        raise ConfigError(_describe(exc.errors()[0], path, cls)) from exc
 
 
-def _overlay(default: Any, mapping: dict[str, Any]) -> dict[str, Any]:
-    """``default``'s init fields as a mapping with ``mapping`` laid over it, nested objects too."""
-    out: dict[str, Any] = {f.name: getattr(default, f.name) for f in dataclasses.fields(default) if f.init}
-    for key, value in mapping.items():
-        inner = out.get(key)
-        out[key] = _overlay(inner, value) if isinstance(value, dict) and dataclasses.is_dataclass(inner) else value
+def _describe(error: Any, path: str, cls: type) -> str:
+    """One pydantic error as dart says it: the dotted field first."""
+    loc = [path] if path else []
+    for part in error["loc"]:
+        if isinstance(part, int):
+            loc[-1:] = [f"{loc[-1] if loc else ''}[{part}]"]
+        elif part not in _UNION_TAGS and "[" not in str(part):  # union branches pydantic names in the location
+            loc.append(str(part))
+    where = ".".join(loc)
+    kind = error["type"]
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        return f"unknown field {where}"
+    if kind == "missing" or kind == "missing_keyword_only_argument":
+        return f"missing required field {where}"
+    if kind == "value_error":  # a __post_init__ check: its message names the field already
+        message = str(error["ctx"]["error"])
+        for k in range(len(loc), 0, -1):  # the check may name the field from a level up: optim.lr
+            if message.startswith((f"{'.'.join(loc[-k:])}.", f"{'.'.join(loc[-k:])}:")):
+                return ".".join([*loc[:-k], message])
+        return ".".join([*loc, message])
+    message = error["msg"]
+    return f"{where or cls.__name__}: {message[:1].lower()}{message[1:]}, got {error['input']!r}"
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "none", "function-after", "function-plain", "is-instance",
+                         "lax-or-strict"})
+
+
+@functools.cache
+def _adapter(cls: type) -> pydantic.TypeAdapter:
+    _forbid_extra(cls)
+    return pydantic.TypeAdapter(cls)
+
+
+def _forbid_extra(tp: Any) -> None:
+    """Unknown keys are refused in ``tp`` and every config class inside it (pydantic reads the
+    setting from each stdlib dataclass's ``__pydantic_config__``)."""
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if "__pydantic_config__" in vars(tp):
+            return
+        tp.__pydantic_config__ = pydantic.ConfigDict(extra="forbid")  # type: ignore[attr-defined]
+        for hint in typing.get_type_hints(tp).values():
+            _forbid_extra(hint)
+    for arg in typing.get_args(tp):
+        _forbid_extra(arg)
+
+
+def _expand_paths(cls: Any, data: Any) -> Any:
+    """``~`` expanded in the strings given to ``Path`` fields (``workdir: ~/runs/a``)."""
+    if not (dataclasses.is_dataclass(cls) and isinstance(data, dict)):
+        return data
+    hints = typing.get_type_hints(cls)
+    out = dict(data)
+    for name, value in data.items():
+        tp = hints.get(name)
+        kinds = (tp, *typing.get_args(tp))
+        if Path in kinds and isinstance(value, str):
+            out[name] = os.path.expanduser(value)
+        else:
+            inner = next((k for k in kinds if dataclasses.is_dataclass(k)), None)
+            out[name] = _expand_paths(inner, value) if inner is not None else value
     return out
 
 
-def _coerce(tp: Any, value: Any, path: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, path)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{path}: bad value {value!r}")
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{path} must be one of {', '.join(map(repr, args))}, got {value!r}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):  # a default object carried over by _overlay
-            return value
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path} must be a mapping, got {value!r}")
-        return build(tp, value, path=path)  # type: ignore[arg-type]
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{path} must be a list, got {value!r}")
-        item = args[0] if args else Any
-        items = [_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path} must be a mapping, got {value!r}")
-        vt = args[1] if len(args) == 2 else Any
-        return {str(k): _coerce(vt, v, f"{path}.{k}") for k, v in value.items()}
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{path} must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path} must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{path} must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{path} must be a string, got {value!r}")
-        return value
-    if tp is Path:
-        if not isinstance(value, str | Path):
-            raise ConfigError(f"{path} must be a path, got {value!r}")
-        return Path(os.path.expanduser(str(value)))
+def defaults_of(cls: type) -> dict[str, Any]:
+    """``cls``'s init fields that have defaults, as a plain mapping (required ones left out)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if not f.init:
+            continue
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = _plain(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = _plain(f.default_factory())
+    return out
+
+
+def as_mapping(obj: Any) -> dict[str, Any]:
+    """A config object as the plain mapping (YAML-safe: paths as strings, tuples as lists) that
+    ``build`` turns back into an equal object: what `dart up` writes for each service."""
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        raise TypeError(f"not a config object: {obj!r}")
+    return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return as_mapping(value)
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
     return value
+
+
+def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``extra`` laid over ``base``, mappings merged key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in extra.items():
+        inner = out.get(key)
+        out[key] = merge(inner, value) if isinstance(value, Mapping) and isinstance(inner, Mapping) else value
+    return out
+
+
+def parse_override(item: str) -> dict[str, Any]:
+    """``trainer.loss.tis=token`` as ``{"trainer": {"loss": {"tis": "token"}}}``; the value is an
+    int, else a float (``3e-4``, which YAML 1.1 reads as a string), else YAML (``null`` None,
+    ``[a, b]`` a list, ``true``), as in a config file."""
+    key, sep, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(p.strip() for p in parts):
+        raise ConfigError(f"override {item!r}: expected KEY=VALUE with a dotted key, e.g. env.slots=32")
+    try:
+        return nested(key, _scalar(text))
+    except ConfigError as exc:
+        raise ConfigError(f"override {key}: {exc}") from exc
+
+
+def _scalar(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{text!r} is not a YAML value: {exc}") from exc
+
+
+def nested(key: str, value: Any) -> dict[str, Any]:
+    """``nested("a.b", 1) == {"a": {"b": 1}}``."""
+    for part in reversed(key.split(".")):
+        value = {part.strip(): value}
+    return value
+
+
+def with_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """A config file's mapping with dotted command-line overrides laid over it, in order."""
+    out = dict(data)
+    for item in overrides:
+        out = merge(out, parse_override(item))
+    return out
+
+
+def add_config_args(p: argparse.ArgumentParser, *, default: Path | None = None, what: str = "") -> None:
+    """The config argument every command that takes one shares: ``[CONFIG] [KEY=VALUE ...]`` (and
+    ``--config FILE``), read by :func:`config_from_args`."""
+    shown = f" (default: {default})" if default is not None else ""
+    p.add_argument("config_items", nargs="*", metavar="CONFIG|KEY=VALUE",
+                   help=f"YAML config{what}{shown}, then dotted overrides of any of its keys "
+                        "(env.slots=32 trainer.loss.tis=token); an unknown key is refused by name")
+    p.add_argument("--config", help="the config file (the same as CONFIG)")
+    p.set_defaults(config_default=default)
+
+
+def config_from_args(args: argparse.Namespace, *, flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The mapping of ``add_config_args``'s file with ``flags`` (a command's own options, by dotted
+    key) and then the command line's overrides laid over it; sets ``args.config`` to the file
+    (the bus reads its section from it)."""
+    items = list(getattr(args, "config_items", None) or [])
+    files = [i for i in items if "=" not in i]
+    given = getattr(args, "config", None)
+    if len(files) > 1 or (files and items[0] != files[0]) or (files and given and given != files[0]):
+        raise ConfigError(f"one config file, before the KEY=VALUE overrides; got {' '.join(items)}")
+    args.config = given or (files[0] if files else None) or getattr(args, "config_default", None)
+    data = load_yaml(args.config) if args.config else {}
+    for key, value in (flags or {}).items():
+        if value is not None:
+            data = merge(data, nested(key, str(value) if isinstance(value, Path) else value))
+    args.config_data = with_overrides(data, [i for i in items if "=" in i])
+    return args.config_data
+
+
+def config_mapping(args: argparse.Namespace) -> dict[str, Any]:
+    """The whole config a command was given: ``[CONFIG] [KEY=VALUE ...]`` read once (see
+    :func:`config_from_args`), or the ``--config`` file of a command without overrides; each
+    section's reader (the bus's, the service's) takes its part of it."""
+    if getattr(args, "config_data", None) is not None:
+        return args.config_data
+    if hasattr(args, "config_items"):
+        return config_from_args(args)
+    return load_yaml(args.config) if getattr(args, "config", None) else {}
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -38,11 +38,11 @@ def test_build_nested_config():
     ("data", "message"),
     [
         ({"name": "r", "env": {"slotz": 3}}, "unknown field env.slotz"),
-        ({"name": "r", "env": {"slots": "eight"}}, "env.slots must be an integer"),
-        ({"name": "r", "env": {"backend": "vmware"}}, "env.backend must be one of"),
+        ({"name": "r", "env": {"slots": "eight"}}, "env.slots: input should be a valid integer"),
+        ({"name": "r", "env": {"backend": "vmware"}}, "env.backend: input should be 'synthetic' or 'xdesktop'"),
         ({"name": "r", "env": {"slots": 0}}, "env.slots: must be positive"),
         ({"env": {}}, "missing required field name"),
-        ({"name": "r", "rates": [1, "x"]}, r"rates\[1\] must be a number"),
+        ({"name": "r", "rates": [1, "x"]}, r"rates\[1\]: input should be a valid number"),
     ],
 )
 def test_mistakes_name_the_field(data, message):
@@ -79,3 +79,10 @@ def test_a_partial_mapping_changes_only_the_fields_it_names_of_a_configured_defa
     assert cfg.recipe.model.rope_theta == 3.0 and cfg.recipe.model.num_hidden_layers == 3
     with pytest.raises(ConfigError, match=r"recipe\.loss\.tis"):
         build(StackConfig, {"recipe": {"loss": {"tis": "sometimes"}}})
+
+
+def test_a_union_field_is_named_without_pydantics_branch_tags():
+    from dart.data.config import DataConfig
+
+    with pytest.raises(ConfigError, match=r"^data\.backend: input should be 'synthetic', 'xdesktop' or 'libvirt', got 5$"):
+        build(DataConfig, {"backend": 5}, path="data")

@@ -11,7 +11,10 @@
 - only ``dart/bus`` and ``dart/log`` hold a Kafka client;
 - pure modules (the curation, batching, scheduling, advantage and loss rules; the kernel's
   types and the agent core) import no I/O: no bus, blob store, database, socket, process or
-  event loop.
+  event loop;
+- ``dart/stack`` (the composition root) imports of the services only their entry points and
+  config types (``STACK_ENTRY``), besides the kernel, the agent core and the recipes: what it
+  needs to decide lives with the service that owns it.
 
 Imports are read from the source with ``ast`` (every ``import``, also inside functions and
 ``TYPE_CHECKING`` blocks: a deferred import is still a dependency), so a failure lists the
@@ -40,6 +43,14 @@ IO = ("dart.bus", "dart.blobs", "dart.log", "dart.data.store", "dart.data.projec
       "socket", "subprocess", "shutil", "http", "urllib", "aiohttp", "requests", "chdb", "clickhouse_connect",
       "sqlite3", "libvirt")
 """What a pure module may not import (a name or any module below it)."""
+STACK_ENTRY = ("dart.env.config", "dart.env.cli", "dart.env.catalogue", "dart.env.tasks", "dart.env.downloads",
+               "dart.rollout.service", "dart.rollout.hf_engine",
+               "dart.data.config", "dart.data.cli", "dart.data.experience", "dart.data.progress", "dart.data.report",
+               "dart.train.config", "dart.train.checkpoint", "dart.obs.sink")
+"""The services' modules `dart/stack` may import: their config types (``RolloutWorkerConfig`` lives in
+``rollout.service``, ``HFEngineConfig`` in ``rollout.hf_engine``, ``MetricsConfig`` in ``obs.sink``) and
+the entry points it calls (a command's parser, task events, oracle experience, the progress and report
+queries, the newest checkpoint). A new one is a choice to make here, in review."""
 
 
 class Tree:
@@ -214,6 +225,12 @@ def kafka_clients_outside_their_homes(tree: Tree) -> list[str]:
             for line, name in tree.imports_of(path) if is_under(name, KAFKA_CLIENTS)]
 
 
+def stack_violations(tree: Tree) -> list[str]:
+    return [f"{tree.where(path, line)}: imports {name}" for path in tree.files("stack")
+            for line, name in tree.imports_of(path)
+            if top_package(name) not in (None, "stack", "agent", "recipe", *KERNEL) and not is_under(name, STACK_ENTRY)]
+
+
 def io_in_pure_modules(tree: Tree) -> list[str]:
     return [f"{tree.where(path, line)}: imports {name}"
             for rel in PURE if (path := tree.dart / rel).exists()
@@ -226,7 +243,7 @@ DART = Tree(REPO)
 RULES = {
     "service": service_violations, "agent_core": agent_core_violations, "kernel": kernel_violations,
     "file_circle": file_circles, "package_circle": package_circles, "import_by_name": imports_by_name,
-    "kafka_client": kafka_clients_outside_their_homes, "pure_io": io_in_pure_modules,
+    "kafka_client": kafka_clients_outside_their_homes, "pure_io": io_in_pure_modules, "stack": stack_violations,
 }
 WHY = {
     "service": "services meet only through events; move what they share to dart/agent or the kernel",
@@ -237,6 +254,7 @@ WHY = {
     "import_by_name": "import dart modules with import statements (the layout rules read those)",
     "kafka_client": "Kafka clients live in dart/bus (and dart/log, which archives the log); use dart.bus",
     "pure_io": "pure rules take their inputs; the shells do the I/O",
+    "stack": "dart/stack wires and decides nothing: call the service's entry point, or move the decision to it",
 }
 
 
@@ -267,6 +285,8 @@ VIOLATIONS: dict[str, dict[str, str]] = {
                        "log/cli.py": "import importlib\nfor m in ('dart.bus.cli',):\n    importlib.import_module(m)\n"},
     "kafka_client": {"env/worker.py": "from aiokafka import AIOKafkaConsumer\n"},
     "pure_io": {"data/curation.py": "def f(store):\n    from dart.data.store import Store\n"},
+    "stack": {"stack/up.py": "from dart.data.config import DataConfig\n\ndef f():\n    from dart.data.curation import rate\n",
+              "data/curation.py": "rate = 1\n", "data/config.py": "DataConfig = 1\n"},
 }
 
 
@@ -287,11 +307,13 @@ def test_each_rule_fails_on_its_violation(rule: str, tmp_path: Path) -> None:
     assert bad, f"the {rule} rule did not see its violation"
     if rule == "import_by_name":  # the literal, the f-string and the table of names
         assert [b.split(":")[0] for b in bad] == ["dart/cli.py", "dart/env/cli.py", "dart/log/cli.py"]
+    if rule == "stack":  # the deferred import of a curation rule, not the config type
+        assert bad == ["dart/stack/up.py:4: imports dart.data.curation"]
     # ... and only its own: every other rule passes the same tree, apart from those the same
     # lines also break (a file circle inside one package is no package circle, and so on)
     also = {"service": {"package_circle"}, "agent_core": set(), "kernel": set(), "file_circle": set(),
             "package_circle": {"file_circle"}, "import_by_name": set(), "kafka_client": set(),
-            "pure_io": set()}[rule]
+            "pure_io": set(), "stack": set()}[rule]
     assert {r for r, check in RULES.items() if r != rule and check(tree)} <= also
 
 

@@ -19,24 +19,25 @@ import time
 from typing import Any
 
 from dart.bus.config import BusConfig
-from dart.config import build, load_yaml
+from dart.config import build, config_mapping
 from dart.errors import BusError, ConfigError
 from dart.rundir import RUN_HELP, live_bus, run_of
 
 
-def add_bus_args(p: argparse.ArgumentParser) -> None:
+def add_bus_args(p: argparse.ArgumentParser, *, config: bool = True) -> None:
+    """--bootstrap, --prefix and (unless the command takes ``[CONFIG] [KEY=VALUE ...]``) --config."""
     g = p.add_argument_group("event log")
     g.add_argument("--run", metavar="RUN_DIR", help=RUN_HELP)
     g.add_argument("--bootstrap", help="Kafka bootstrap host:port (default: $DART_BOOTSTRAP or 127.0.0.1:9092)")
     g.add_argument("--prefix", help="topic prefix (default: $DART_TOPIC_PREFIX or 'dart')")
-    g.add_argument("--config", help="YAML config file; its `bus:` section is read")
+    if config:
+        g.add_argument("--config", help="YAML config file; its `bus:` section is read")
 
 
 def bus_from_args(args: argparse.Namespace) -> BusConfig:
     base = BusConfig.from_env()
     data: dict[str, Any] = {"bootstrap": base.bootstrap, "prefix": base.prefix}
-    if getattr(args, "config", None):
-        data.update(load_yaml(args.config).get("bus", {}) or {})
+    data.update(config_mapping(args).get("bus", {}) or {})
     run = run_of(args)
     if run is not None and not (getattr(args, "bootstrap", None) and getattr(args, "prefix", None)):
         data["bootstrap"], data["prefix"] = live_bus(run)

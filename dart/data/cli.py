@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dart.bus.cli import add_bus_args, bus_from_args
-from dart.config import build, load_yaml
+from dart.config import add_config_args, build, config_from_args
 from dart.errors import ConfigError, DartError
 from dart.rundir import RUN_HELP, fill_from_run, require_store, run_of
 
@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 def register(sub: Any) -> None:
     p = sub.add_parser("data-manager", help="project every topic into ClickHouse, schedule rollouts, assemble batches")
-    add_bus_args(p)  # --config: its `data:` section configures the data manager
+    add_config_args(p, what=" (its `data:` and `bus:` sections)")
+    add_bus_args(p, config=False)
     p.add_argument("--dsn", help="chdb:///abs/path (embedded) or http://host:8123 (ClickHouse server)")
     p.add_argument("--database", help="database of the projection tables (default dart)")
     p.add_argument("--blobs", help="blob store directory (batch manifests)")
@@ -113,26 +114,18 @@ def apply_run(args: argparse.Namespace) -> None:
 
 
 def data_config(args: argparse.Namespace) -> Any:
+    """The data manager's config: the file's ``data:`` section, then flags, then dotted overrides."""
     from dart.data.config import DataConfig
 
-    data: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        data = dict(load_yaml(args.config).get("data", {}) or {})
-    store = dict(data.get("store", {}) or {})
-    if getattr(args, "dsn", None):
-        store["dsn"] = args.dsn
-    if getattr(args, "database", None):
-        store["database"] = args.database
-    data["store"] = store
-    if getattr(args, "http_port", None) is not None:
-        data["http"] = {**(data.get("http") or {}), "port": args.http_port}
-    for flag, key in (("blobs", "blobs"), ("run_id", "run_id")):
-        if getattr(args, flag, None):
-            data[key] = getattr(args, flag)
-    for flag, section in (("no_scheduler", "scheduler"), ("no_batcher", "batcher")):
-        if getattr(args, flag, False):
-            data[section] = {**(data.get(section) or {}), "enabled": False}
-    return build(DataConfig, data, path="data")
+    def off(flag: str) -> bool | None:
+        return False if getattr(args, flag, False) else None
+
+    flags = {"data.store.dsn": getattr(args, "dsn", None) or None,
+             "data.store.database": getattr(args, "database", None) or None,
+             "data.http.port": getattr(args, "http_port", None), "data.blobs": getattr(args, "blobs", None) or None,
+             "data.run_id": getattr(args, "run_id", None) or None,
+             "data.scheduler.enabled": off("no_scheduler"), "data.batcher.enabled": off("no_batcher")}
+    return build(DataConfig, config_from_args(args, flags=flags).get("data") or {}, path="data")
 
 
 def cmd_data_manager(args: argparse.Namespace) -> int:

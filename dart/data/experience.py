@@ -27,14 +27,13 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from dart.events import (
     ActionChosen,
     Event,
-    HistoryTurn,
     ObservationEmitted,
     ReplyRoute,
     RewardAssigned,
@@ -42,6 +41,7 @@ from dart.events import (
     TrajectoryFinished,
     TrajectoryStatus,
 )
+from dart.events.manifest import Sample, step_contexts
 
 NAMESPACE = uuid.UUID("6f1c3c1e-4d7b-4a59-9a51-5f0d9c7e2a10")
 PRODUCER = "experience-import"
@@ -77,20 +77,20 @@ def experience_events(record: dict[str, Any], *, run_id: str, origin: str, at_ms
     group_id = f"experience:{task_id}"
     env = dict(run_id=run_id, producer=PRODUCER)
     events: list[Event] = []
-    history: list[HistoryTurn] = []
-    versions: list[int] = []
     for i, step in enumerate(steps):
         if not isinstance(step, dict):
             raise ValueError(f"steps[{i}] must be an object")
-        text = _require(step, "response_text", str)
+    texts = [_require(step, "response_text", str) for step in steps]
+    contexts = step_contexts(instruction, (width, height), [(digest_of(step), text) for step, text in zip(
+        steps, texts, strict=True)])
+    versions = [int(step.get("policy_version", 0)) for step in steps]
+    for step, ctx, text, version in zip(steps, contexts, texts, versions, strict=True):
+        i = ctx.step_index
         tokens = [int(t) for t in _require(step, "response_token_ids", list)]
-        digest = digest_of(step)
-        version = int(step.get("policy_version", 0))
-        versions.append(version)
         obs = ObservationEmitted(
             event_id=_id(rollout_id, "obs", i), event_time=at_ms, **env, rollout_id=rollout_id,
             request_id=rollout_id, task_id=task_id, group_id=group_id, step_index=i, instruction=instruction,
-            screenshot_digest=digest, screen_width=width, screen_height=height, history=list(history),
+            screenshot_digest=ctx.screenshot_digest, screen_width=width, screen_height=height, history=ctx.history,
             reply=NO_ROUTE, sampling=NO_SAMPLING, max_steps=len(steps), mode="experience", env_worker=PRODUCER,
             slot=0)
         events.append(obs)
@@ -101,7 +101,6 @@ def experience_events(record: dict[str, Any], *, run_id: str, origin: str, at_ms
             entropies=[float(x) for x in step.get("entropies", [])], policy_version=version,
             prompt_hash=str(step.get("prompt_hash", "")), prompt_tokens=0, finish_reason="stop",
             engine=origin, queue_s=0.0, generate_s=0.0, sampling=NO_SAMPLING))
-        history.append(HistoryTurn(step_index=i, screenshot_digest=digest, response_text=text))
     status = TrajectoryStatus.SUCCESS if reward > 0 else TrajectoryStatus.FAIL
     events.append(TrajectoryFinished(
         event_id=_id(rollout_id, "finished"), event_time=at_ms, **env, rollout_id=rollout_id, request_id=rollout_id,
@@ -113,6 +112,30 @@ def experience_events(record: dict[str, Any], *, run_id: str, origin: str, at_ms
         event_id=_id(rollout_id, "reward"), event_time=at_ms, **env, rollout_id=rollout_id, task_id=task_id,
         group_id=group_id, reward=reward, evaluator=PRODUCER, evaluator_version="1"))
     return events
+
+
+def samples_as_experience(samples: Sequence[Sample], *, decode: Callable[[list[int]], str], run_id: str,
+                          origin: str, at_ms: int) -> tuple[list[Event], int]:
+    """The events of training samples' trajectories (one per ``rollout_id``, steps in order) as
+    experience of ``origin``, each a success: how `dart up` puts the oracle's solutions in the
+    pool; ``decode`` turns response tokens into their text. Returns (events, trajectories)."""
+    by_rollout: dict[str, list[Sample]] = {}
+    for sample in samples:
+        by_rollout.setdefault(sample.rollout_id, []).append(sample)
+    events: list[Event] = []
+    for steps in by_rollout.values():
+        first = steps[0]
+        record = {
+            "task_id": first.task_id, "instruction": first.context.instruction, "reward": 1.0,
+            "screen_width": first.context.screen_width, "screen_height": first.context.screen_height,
+            "steps": [{"screenshot_digest": s.context.screenshot_digest,
+                       "response_text": decode(list(s.response_token_ids)),
+                       "response_token_ids": list(s.response_token_ids), "prompt_hash": s.prompt_hash,
+                       "policy_version": 0} for s in steps],
+        }
+        events += experience_events(record, run_id=run_id, origin=origin, at_ms=at_ms,
+                                    digest_of=lambda step: step["screenshot_digest"])
+    return events, len(by_rollout)
 
 
 def load_experience(path: Path, *, run_id: str, origin: str = "experience",

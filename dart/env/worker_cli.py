@@ -2,7 +2,7 @@
 
 CONFIG is a YAML file: its ``env:`` section is an :class:`~dart.env.worker.EnvWorkerConfig`
 (``env.libvirt:`` the VM pool of ``--backend libvirt``, see deploy/libvirt/README.md), its
-``bus:`` section the event log; flags override both.
+``bus:`` section the event log; flags override both, and dotted overrides (``env.slots=8``) the flags.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import signal
 from typing import Any
 
 from dart.bus.cli import add_bus_args, bus_from_args
-from dart.config import build, field_docs, load_yaml
+from dart.config import add_config_args, build, config_from_args, field_docs
 
 _FLAGS = ("backend", "slots", "blobs", "worker_id", "run_id", "group", "reply_timeout_s", "max_attempts")
 
@@ -24,7 +24,7 @@ def register(sub: Any) -> None:
     docs = field_docs(EnvWorkerConfig)
     p = sub.add_parser("env-worker", help="run environment slots (synthetic, a local X desktop or libvirt VMs) "
                                           "for rollout requests")
-    p.add_argument("config_file", nargs="?", help="YAML config (its `env:` and `bus:` sections)")
+    add_config_args(p, what=" (its `env:` and `bus:` sections)")
     p.add_argument("--backend", choices=["synthetic", "xdesktop", "libvirt"], help=docs.get("backend"))
     p.add_argument("--slots", type=int, help=docs.get("slots"))
     p.add_argument("--blobs", help=docs.get("blobs"))
@@ -34,25 +34,18 @@ def register(sub: Any) -> None:
     p.add_argument("--reply-timeout-s", type=float, help=docs.get("reply_timeout_s"))
     p.add_argument("--max-attempts", type=int, help=docs.get("max_attempts"))
     p.add_argument("--task-files", action="append", metavar="PATH", help=docs.get("task_files"))
-    add_bus_args(p)
+    add_bus_args(p, config=False)
     p.set_defaults(func=cmd_env_worker)
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
-    """The worker's config: YAML ``env:`` section, then flags."""
+def worker_config_from_args(args: argparse.Namespace) -> Any:
+    """The worker's config: YAML ``env:`` section, then flags, then dotted overrides."""
     from dart.env.config import EnvWorkerConfig
 
-    if getattr(args, "config_file", None) and not getattr(args, "config", None):
-        args.config = args.config_file  # the bus reads its section from the same file
-    data: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        data.update(load_yaml(args.config).get("env", {}) or {})
-    for flag in _FLAGS:
-        if getattr(args, flag, None) is not None:
-            data[flag] = getattr(args, flag)
-    if getattr(args, "task_files", None):
-        data["task_files"] = list(args.task_files)
-    return build(EnvWorkerConfig, data, path="env")
+    flags = {f"env.{flag}": getattr(args, flag, None) for flag in _FLAGS}
+    flags["env.task_files"] = list(args.task_files) if getattr(args, "task_files", None) else None
+    data = config_from_args(args, flags=flags)
+    return build(EnvWorkerConfig, data.get("env") or {}, path="env")
 
 
 def cmd_env_worker(args: argparse.Namespace) -> int:
@@ -60,7 +53,7 @@ def cmd_env_worker(args: argparse.Namespace) -> int:
     from dart.bus import ensure_topics
     from dart.env.worker import EnvWorker
 
-    cfg = config_from_args(args)
+    cfg = worker_config_from_args(args)
     bus = bus_from_args(args)
     ensure_topics(bus)
     worker = EnvWorker(cfg, bus, open_store(cfg.blobs))

@@ -9,6 +9,7 @@ the data manager writes it, the trainer reads it, neither imports the other.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Self
 
@@ -44,6 +45,17 @@ class PromptContext:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Self:
         return cls(**{**d, "history": [HistoryTurn(**h) for h in d.get("history", [])]})
+
+
+def step_contexts(instruction: str, screen: tuple[int, int], turns: Sequence[tuple[str, str]]) -> list[PromptContext]:
+    """The prompt context of each step of a trajectory whose turns were (screenshot digest,
+    response text): step i's history is turns 0..i-1. The one step-history builder of the
+    trajectories dart writes itself (oracle demonstrations, imported experience)."""
+    history = [HistoryTurn(step_index=i, screenshot_digest=digest, response_text=text)
+               for i, (digest, text) in enumerate(turns)]
+    return [PromptContext(instruction=instruction, step_index=i, screenshot_digest=digest, screen_width=screen[0],
+                          screen_height=screen[1], history=history[:i])
+            for i, (digest, _) in enumerate(turns)]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dart.bus.cli import add_bus_args, bus_from_args
-from dart.config import build, load_yaml, progress
+from dart.config import add_config_args, build, config_from_args, progress
 from dart.rundir import add_run_arg
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,8 @@ def _path(args: argparse.Namespace) -> str:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("archiver", help="archive every topic of the prefix into Avro files (the durable log)")
-    add_bus_args(p)  # --config: its `archiver:` section configures it
+    add_config_args(p, what=" (its `archiver:` and `bus:` sections)")
+    add_bus_args(p, config=False)
     p.add_argument("--log-dir", type=Path, help="archive directory (RUN_DIR/log)")
     p.add_argument("--flush-interval-s", type=float, help="longest a record waits before it is in a file")
     p.set_defaults(func=cmd_archiver)
@@ -85,14 +86,9 @@ def register(sub: Any) -> None:
 def archiver_config(args: argparse.Namespace) -> Any:
     from dart.log.archiver import ArchiverConfig
 
-    data: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        data = dict(load_yaml(args.config).get("archiver", {}) or {})
-    if getattr(args, "log_dir", None):
-        data["log_dir"] = args.log_dir
-    if getattr(args, "flush_interval_s", None):
-        data["flush_interval_s"] = args.flush_interval_s
-    return build(ArchiverConfig, data, path="archiver")
+    flags = {"archiver.log_dir": getattr(args, "log_dir", None),
+             "archiver.flush_interval_s": getattr(args, "flush_interval_s", None) or None}
+    return build(ArchiverConfig, config_from_args(args, flags=flags).get("archiver") or {}, path="archiver")
 
 
 def cmd_archiver(args: argparse.Namespace) -> int:

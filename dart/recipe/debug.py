@@ -23,11 +23,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dart.agent.model import load_policy, score_response
+from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt, prompt_hash
+from dart.agent.weights import check_state_dict, check_version_digest, state_dict_from_bytes, weights_blob
 from dart.blobs import LocalBlobStore
 from dart.config import build, load_yaml
 from dart.errors import ConfigError
-from dart.events import ActionChosen, ObservationEmitted, Sampling, WeightsPublished, decode
+from dart.events import ActionChosen, BatchAssembled, ObservationEmitted, Sampling, WeightsPublished, decode
+from dart.events.manifest import BatchManifest, PromptContext
 from dart.log import ArchiveError, list_segments, read_partition
+from dart.rollout.engine import GenerateRequest
+from dart.rollout.hf_engine import HFEngine
+from dart.rollout.service import RolloutWorkerConfig
+from dart.train.checkpoint import checkpoints, step_dir_name
+from dart.train.config import TrainerConfig
+from dart.train.trainer import Trainer
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +53,6 @@ class DecisionReplay:
     tokens: int
     prompt_equal: bool
     """The rebuilt prompt's token hash equals the logged ``prompt_hash``."""
-
     @property
     def identical(self) -> bool:
         return self.same_sampling_text == self.logged_text
@@ -97,9 +106,6 @@ def _weights_event(log_dir: Path, version: int) -> WeightsPublished | None:
 
 def load_version(run_dir: Path, model_dir: Path, version: int) -> Any:
     """The policy of ``model_dir`` with the weights the run published as ``version``."""
-    from dart.agent.model import load_policy
-    from dart.agent.weights import check_state_dict, check_version_digest, state_dict_from_bytes, weights_blob
-
     policy = load_policy(model_dir)
     if version == 0:
         return policy
@@ -114,12 +120,6 @@ def load_version(run_dir: Path, model_dir: Path, version: int) -> Any:
 
 
 def replay_decision(run_dir: Path, rollout_id: str, step: int, *, worker_config: Path | None = None) -> DecisionReplay:
-    from dart.agent.model import score_response
-    from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt, prompt_hash
-    from dart.events.manifest import PromptContext
-    from dart.rollout.engine import GenerateRequest
-    from dart.rollout.hf_engine import HFEngine
-    from dart.rollout.service import RolloutWorkerConfig
 
     config = worker_config or run_dir / "config" / "rollout-0.yaml"
     if not config.exists():
@@ -180,7 +180,6 @@ class UpdateReplay:
 
 
 def _batch_event(log_dir: Path, batch_id: str) -> Any:
-    from dart.events import BatchAssembled
 
     for (topic, _part), segs in sorted(list_segments(log_dir).items()):
         if topic.endswith(".train.batches"):
@@ -197,11 +196,6 @@ def replay_update(run_dir: Path, version: int, *, trainer_config: Path | None = 
     import shutil
     import tempfile
 
-    from dart.agent.weights import weights_blob
-    from dart.events.manifest import BatchManifest
-    from dart.train.checkpoint import checkpoints, step_dir_name
-    from dart.train.config import TrainerConfig
-    from dart.train.trainer import Trainer
 
     config = trainer_config or run_dir / "config" / "trainer.yaml"
     if not config.exists():

@@ -26,10 +26,13 @@ from dart.blobs import BlobStore
 from dart.config import progress
 from dart.env.synthetic import oracle_trace, render_png, screen_of
 from dart.errors import ConfigError
-from dart.events import HistoryTurn
-from dart.events.manifest import BatchManifest, PromptContext, Sample
+from dart.events.manifest import BatchManifest, Sample, step_contexts
 from dart.recipe.config import Recipe
 from dart.recipe.episodes import evaluate
+from dart.train.batch import prepare_samples
+from dart.train.config import EngineConfig, OptimConfig
+from dart.train.engine import TorchEngine
+from dart.train.sft import epoch_chunks, sft_step
 
 Log = Callable[[str], None]
 
@@ -67,20 +70,16 @@ def oracle_samples(tasks: Sequence[dict[str, Any]], policy: Policy, store: BlobS
     for task in tasks:
         spec = screen_of(task)
         screen = (int(spec["width"]), int(spec["height"]))
-        history: list[HistoryTurn] = []
-        for i, (state, action) in enumerate(oracle_trace(task)):
-            digest = store.put(render_png(spec, state))
-            ctx = PromptContext(instruction=task["instruction"], step_index=i, screenshot_digest=digest,
-                                screen_width=screen[0], screen_height=screen[1], history=list(history))
-            text = oracle_text(action, screen, recipe)
+        turns = [(store.put(render_png(spec, state)), oracle_text(action, screen, recipe))
+                 for state, action in oracle_trace(task)]
+        for ctx, (_, text) in zip(step_contexts(task["instruction"], screen, turns), turns, strict=True):
             ids = [*policy.tokenizer(text, add_special_tokens=False)["input_ids"], stop]
             messages, images = build_messages(ctx, load, recipe.prompt)
             inputs = encode_prompt(policy.tokenizer, policy.image_processor, messages, images)
-            samples.append(Sample(rollout_id=f"oracle:{task['id']}", step_index=i, task_id=task["id"],
+            samples.append(Sample(rollout_id=f"oracle:{task['id']}", step_index=ctx.step_index, task_id=task["id"],
                                   group_id=f"oracle:{task['id']}", context=ctx, prompt_hash=prompt_hash(inputs.input_ids),
                                   response_token_ids=ids, rollout_logprobs=[0.0] * len(ids), entropies=[],
                                   policy_version=0, reward=1.0, origin="oracle", sft=True))
-            history.append(HistoryTurn(step_index=i, screenshot_digest=digest, response_text=text))
     return samples
 
 
@@ -116,13 +115,6 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
     check scored above zero) the policy plays ``sft_check_episodes`` greedy episodes of training
     tasks, and SFT stops once their success reaches the target.
     """
-    import torch
-
-    from dart.train.batch import collate, prepare_samples
-    from dart.train.config import EngineConfig, OptimConfig
-    from dart.train.engine import TorchEngine
-    from dart.train.loss import nll_loss
-
     init = build_tiny(workdir / "init", seed=recipe.seed, size=recipe.model)
     if recipe.sft_steps == 0:
         return init
@@ -145,12 +137,7 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
     next_check, close = recipe.sft_check_every, False
     chunks = progress(shuffled_chunks(kept, size, rng), total=recipe.sft_steps, desc="SFT", unit="step")
     for step, chunk in enumerate(chunks, start=1):
-        batch = collate(chunk, torch.ones(size, dtype=torch.bool), pad_id=policy.pad_token_id)
-        logp_B_T, _ = engine.forward(batch)
-        loss, _ = nll_loss(logp_B_T, batch.mask_B_T)
-        engine.backward(loss)
-        engine.step()
-        losses.append(float(loss.detach()))
+        losses.append(sft_step(engine, chunk, policy.pad_token_id))
         if step % 100 == 0 or step == recipe.sft_steps:
             log(f"sft step {step}/{recipe.sft_steps}: nll {sum(losses) / len(losses):.4f}")
             losses = []
@@ -184,8 +171,6 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
 def shuffled_chunks(items: Sequence[Any], size: int, rng: random.Random) -> Iterator[list[Any]]:
     """Endless chunks of ``size`` items, each pass over ``items`` a fresh shuffle
     (:func:`dart.train.sft.epoch_chunks`); a short last chunk of a pass is left out."""
-    from dart.train.sft import epoch_chunks
-
     if not 1 <= size <= len(items):
         raise ValueError(f"chunk size must be in [1, {len(items)}], got {size}")
     while True:

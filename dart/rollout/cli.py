@@ -8,7 +8,7 @@ import signal
 from typing import Any
 
 from dart.bus.cli import add_bus_args, bus_from_args
-from dart.config import build, field_docs, load_yaml
+from dart.config import add_config_args, build, config_from_args, field_docs
 
 
 def register(sub: Any) -> None:
@@ -34,6 +34,7 @@ def register(sub: Any) -> None:
 
     docs = field_docs(RolloutWorkerConfig)
     p = sub.add_parser("rollout-worker", help="answer observations with a policy; follow weight versions")
+    add_config_args(p, what=" (its `rollout:` and `bus:` sections)")
     p.add_argument("--model", help=docs.get("model"))
     p.add_argument("--engine", choices=["hf", "openai", "vllm"], help=docs.get("engine"))
     p.add_argument("--device", help=docs.get("device"))
@@ -41,7 +42,7 @@ def register(sub: Any) -> None:
     p.add_argument("--worker-id", help=docs.get("worker_id"))
     p.add_argument("--run-id", help=docs.get("run_id"))
     p.add_argument("--max-concurrency", type=int, help=docs.get("max_concurrency"))
-    add_bus_args(p)  # --config: its `rollout:` section configures the worker
+    add_bus_args(p, config=False)
     p.set_defaults(func=cmd_rollout_worker)
 
 
@@ -71,13 +72,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def worker_config_from_args(args: argparse.Namespace) -> Any:
     from dart.rollout.service import RolloutWorkerConfig
 
-    data: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        data.update(load_yaml(args.config).get("rollout", {}) or {})
-    for flag in ("model", "engine", "device", "blobs", "worker_id", "run_id", "max_concurrency"):
-        if getattr(args, flag, None) is not None:
-            data[flag] = getattr(args, flag)
-    return build(RolloutWorkerConfig, data, path="rollout")
+    flags = {f"rollout.{flag}": getattr(args, flag, None)
+             for flag in ("model", "engine", "device", "blobs", "worker_id", "run_id", "max_concurrency")}
+    data = config_from_args(args, flags=flags)
+    return build(RolloutWorkerConfig, data.get("rollout") or {}, path="rollout")
 
 
 def cmd_rollout_worker(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from dart.config import build, load_yaml
+from dart.config import add_config_args, build, config_from_args
 from dart.resources import config_path
 
 DEFAULT_CONFIG = config_path("synthetic.yaml")
@@ -17,7 +17,7 @@ DEFAULT_CONFIG = config_path("synthetic.yaml")
 
 def register(sub: Any) -> None:
     p = sub.add_parser("up", help="run the whole stack on this machine: broker, services, warm start, RL, eval")
-    p.add_argument("config", nargs="?", type=Path, default=DEFAULT_CONFIG, help="stack YAML (default: %(default)s)")
+    add_config_args(p, default=DEFAULT_CONFIG, what=" of the stack")
     p.add_argument("--workdir", type=Path, help="override the config's workdir")
     p.add_argument("--rl-minutes", type=float, help="override the length of the RL phase")
     p.add_argument("--pipeline", choices=["decoupled", "coupled"], help="override the pipeline")
@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("eval", help="held-out success of a policy (a model dir, a checkpoint or the run's latest)")
-    p.add_argument("config", nargs="?", type=Path, default=DEFAULT_CONFIG, help="stack YAML (tasks and prompt)")
+    add_config_args(p, default=DEFAULT_CONFIG, what=" of the stack (tasks and prompt)")
     p.add_argument("--model", type=Path, help="policy directory (default: WORKDIR/warm)")
     p.add_argument("--checkpoint", type=Path, help="trainer checkpoint dir (step-N) whose weights to load")
     p.add_argument("--latest", action="store_true", help="the run's latest trainer checkpoint")
@@ -64,27 +64,25 @@ def register(sub: Any) -> None:
     r.set_defaults(func=cmd_replay_update)
 
 
-def load_stack_config(path: Path, args: argparse.Namespace | None = None) -> Any:
+SHORTHANDS = {"workdir": "workdir", "rl_minutes": "rl_minutes", "pipeline": "pipeline",
+              "max_updates": "max_updates", "seed": "recipe.seed"}
+"""`dart up`'s flags and the dotted key each stands for."""
+
+
+def load_stack_config(args: argparse.Namespace) -> Any:
+    """The stack config of ``dart up|eval [CONFIG] [KEY=VALUE ...]``: the file, then the flags, then
+    the overrides, laid over the recipe's preset of every service."""
+    # Here, not at the top: the config types import torch, and `dart --help` should not wait for it.
     from dart.stack.config import StackConfig
 
-    data = load_yaml(path)
-    if args is not None:
-        for flag, key in (("workdir", "workdir"), ("rl_minutes", "rl_minutes"), ("pipeline", "pipeline"),
-                          ("max_updates", "max_updates")):
-            if getattr(args, flag, None) is not None:
-                data[key] = str(getattr(args, flag)) if flag == "workdir" else getattr(args, flag)
-        if getattr(args, "seed", None) is not None:
-            data["recipe"] = {**(data.get("recipe") or {}), "seed": args.seed}
-    return build(StackConfig, data)
+    flags = {key: getattr(args, flag, None) for flag, key in SHORTHANDS.items()}
+    return build(StackConfig, config_from_args(args, flags=flags))
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from dart.stack.services import service_sections
     from dart.stack.up import up
 
-    cfg = load_stack_config(args.config, args)
-    # Refuse config mistakes in any service before anything starts.
-    service_sections(cfg, workdir=cfg.workdir.resolve(), model_dir=cfg.workdir.resolve() / "warm")
+    cfg = load_stack_config(args)  # every service's config built: a mistake is refused before anything starts
     # SIGTERM (kill, a supervisor, CI) takes Ctrl-C's path: every service stopped cleanly, the
     # summary written; without this `dart up` died at once and left its services running.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -102,20 +100,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from dart.blobs import LocalBlobStore
     from dart.recipe.config import make_tasks
     from dart.recipe.episodes import evaluate, success_by_instruction
-    from dart.stack.up import latest_checkpoint, load_checkpoint_policy
+    from dart.stack.up import load_checkpoint_policy
+    from dart.train.checkpoint import latest_checkpoint
 
+    given = args.config or next((i for i in args.config_items or [] if "=" not in i), None)
     if args.run is not None:
         from dart.rundir import open_run
 
         run = open_run(args.run)
-        if run.config is not None and args.config == DEFAULT_CONFIG:
-            args.config = Path(run.config)
+        if run.config is not None and given is None:
+            given = args.config = str(run.config)
         args.workdir = args.run
-    if not Path(args.config).is_file():
+    if not Path(given or DEFAULT_CONFIG).is_file():
         from dart.rundir import RunMissing
 
-        raise RunMissing(f"no config file {args.config}: give the stack YAML `dart up` ran (e.g. configs/synthetic.yaml)")
-    cfg = load_stack_config(args.config, args)
+        raise RunMissing(f"no config file {given}: give the stack YAML `dart up` ran (e.g. configs/synthetic.yaml)")
+    cfg = load_stack_config(args)
     workdir = cfg.workdir.resolve()
     recipe = cfg.recipe if args.episodes is None else dataclasses.replace(cfg.recipe, eval_episodes=args.episodes)
     checkpoint = args.checkpoint or (latest_checkpoint(workdir / "checkpoints") if args.latest else None)

@@ -1,56 +1,58 @@
 """`dart up` configuration: one file describes a whole run on one machine.
 
-The learning knobs live in one :class:`~dart.recipe.config.Recipe` (model size, tasks, prompt,
-sampling, warm start, RL learning rate, evaluation) and every service's config is derived
-from it, so the rollout workers and the trainer can never disagree on the prompt. Each
-service section may add raw options that are merged into that service's own config; all of
-them are built (and so validated, with the field named) before anything starts.
+The stack's config holds each service's own config object (``env``, ``rollout``, ``trainer``,
+``data``); the recipe (:class:`~dart.recipe.config.Recipe`: model size, tasks, prompt, sampling,
+warm start, RL) is a preset of those objects (:mod:`dart.recipe.preset`) that the file's service
+sections and the command line's dotted overrides are laid over. Every object is built (and so
+validated, with the field named) before anything starts, and `dart up` writes each one, as it
+is, into its service's file.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dart.config import require
+from dart.config import as_mapping, build, defaults_of, merge, require
+from dart.data.config import DataConfig
+from dart.env.config import EnvWorkerConfig
+from dart.env.downloads import default_root
 from dart.recipe.config import Recipe
+from dart.recipe.preset import policy_dir, services
+from dart.rollout.service import RolloutWorkerConfig
+from dart.train.config import TrainerConfig
 
 
 @dataclass(frozen=True, kw_only=True)
-class EnvSection:
+class EnvSection(EnvWorkerConfig):
+    """The env workers: each runs this config (its ``worker_id`` and ``reply_partition`` its own)."""
+
     workers: int = 1
     """Env worker processes."""
-    slots: int = 8
-    """Environment slots per env worker."""
-    backend: Literal["synthetic", "xdesktop"] = "synthetic"
-    """Backend of every slot."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Extra fields of the env workers' `env:` section (e.g. synthetic.latency)."""
     nice: int = 0
     """CPU priority of the env workers below the other services' (0-19; see RolloutSection.nice)."""
 
     def __post_init__(self) -> None:
-        require(self.workers >= 1, "env.workers", f"must be >= 1, got {self.workers}")
-        require(self.slots >= 1, "env.slots", f"must be >= 1, got {self.slots}")
-        require(0 <= self.nice <= 19, "env.nice", f"must be 0-19, got {self.nice}")
+        super().__post_init__()
+        require(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")
+        require(0 <= self.nice <= 19, "nice", f"must be 0-19, got {self.nice}")
+        require(self.backend in ("synthetic", "xdesktop"), "backend",
+                f"dart up runs synthetic or xdesktop env workers, got {self.backend!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
-class RolloutSection:
+class RolloutSection(RolloutWorkerConfig):
+    """The rollout workers: each runs this config (its ``worker_id`` its own)."""
+
     workers: int = 1
     """Rollout worker processes (each holds one copy of the policy)."""
-    engine: Literal["hf", "openai"] = "hf"
-    """hf: each rollout worker loads the policy and follows the trainer's versions. openai: the
-    workers ask an OpenAI-compatible server (``base_url``, or a `dart serve` of the run's policy)."""
-    base_url: str = ""
-    """openai: the server's root including /v1 (vLLM, SGLang, another `dart serve`); empty starts
-    `dart serve` of the run's policy on a free loopback port as one more supervised service."""
-    served_model: str = "policy"
-    """openai: the model name the server serves (vLLM: its --served-model-name)."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Extra fields of the rollout workers' `rollout:` section (e.g. max_concurrency, hf.max_batch_size,
-    openai.timeout_s)."""
+    serve: bool = True
+    """engine openai: start `dart serve` of the run's policy on a free loopback port as one more
+    supervised service and point the workers at it; false: the server at ``openai.base_url``
+    (vLLM, SGLang, another `dart serve`; ``openai.model`` is the name it serves)."""
     nice: int = 0
     """CPU priority of the rollout workers (and `dart serve`) below the other services' (0-19), for
     a machine where the trainer's CPU time is what limits updates. Not the default: measured on 2
@@ -59,12 +61,10 @@ class RolloutSection:
     the run (nice 0) would take their share first."""
 
     def __post_init__(self) -> None:
-        require(self.workers >= 1, "rollout.workers", f"must be >= 1, got {self.workers}")
-        require(0 <= self.nice <= 19, "rollout.nice", f"must be 0-19, got {self.nice}")
-        require(not self.base_url or self.base_url.startswith(("http://", "https://")), "rollout.base_url",
-                f"not an http URL: {self.base_url!r}")
-        require(not self.base_url or self.engine == "openai", "rollout.base_url",
-                "only the openai engine talks to a server; set rollout.engine: openai")
+        super().__post_init__()
+        require(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")
+        require(0 <= self.nice <= 19, "nice", f"must be 0-19, got {self.nice}")
+        require(self.engine in ("hf", "openai"), "engine", f"dart up runs hf or openai workers, got {self.engine!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,13 +95,9 @@ class TasksSection:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServiceSection:
-    options: dict[str, Any] = field(default_factory=dict)
-    """Extra fields merged into the service's own config section."""
+class RunConfig:
+    """A run's own settings: everything of a stack config but the services'."""
 
-
-@dataclass(frozen=True, kw_only=True)
-class StackConfig:
     run_id: str = "local"
     """Run id stamped on every event."""
     workdir: Path = Path("runs/local")
@@ -136,10 +132,36 @@ class StackConfig:
     """Model, tasks, prompt, sampling, warm start, RL and evaluation settings."""
     tasks: TasksSection = field(default_factory=TasksSection)
     """Where the training tasks come from (the recipe's synthetic ones by default)."""
-    env: EnvSection = field(default_factory=EnvSection)
-    rollout: RolloutSection = field(default_factory=RolloutSection)
-    trainer: ServiceSection = field(default_factory=ServiceSection)
-    data: ServiceSection = field(default_factory=ServiceSection)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackConfig(RunConfig):
+    """A whole run: its own settings and every service's config object. A file is laid over
+    the recipe's preset of the services (:meth:`config_defaults`); `dart up` writes each
+    service's object, as it is, into that service's file."""
+
+    env: EnvSection
+    rollout: RolloutSection
+    trainer: TrainerConfig
+    data: DataConfig
+
+    @classmethod
+    def config_defaults(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """What ``data`` (a config file, overrides laid over it) is laid over: the stack's
+        defaults with the services' configs as the file's recipe sets them."""
+        run = build(RunConfig, {k: v for k, v in data.items() if k in RUN_FIELDS})
+        workdir = run.workdir.resolve()
+        osworld = run.tasks.source == "osworld"
+        preset = services(run.recipe, run_id=run.run_id, workdir=workdir, pipeline=run.pipeline,
+                          model_dir=policy_dir(run.recipe, workdir=workdir, warm_model=run.warm_model,
+                                               osworld=osworld),
+                          downloads=downloads_root(run.tasks) if osworld else None)
+        return merge(defaults_of(cls), {**as_mapping(run), **{name: as_mapping(getattr(preset, name))
+                                                               for name in ("env", "rollout", "trainer", "data")}})
+
+    @property
+    def osworld(self) -> bool:
+        return self.tasks.source == "osworld"
 
     def __post_init__(self) -> None:
         require(self.rl_minutes > 0, "rl_minutes", f"must be > 0, got {self.rl_minutes}")
@@ -156,3 +178,17 @@ class StackConfig:
                     "the oracle experience pool is synthetic; set experience_tasks: 0")
         require(bool(self.run_id) and self.run_id.replace("-", "").replace("_", "").isalnum(), "run_id",
                 f"letters, digits, - and _ only, got {self.run_id!r}")
+        # The warm start trains on the recipe's prompt; a sample whose prompt the trainer builds
+        # otherwise than the rollout worker did is dropped (samples/dropped_prompt_hash).
+        for name, prompt in (("rollout.prompt", self.rollout.prompt), ("trainer.prompt", self.trainer.prompt)):
+            require(prompt == self.recipe.prompt, name,
+                    "differs from recipe.prompt; set recipe.prompt.* (the warm start, the rollout workers and "
+                    "the trainer share it)")
+
+
+RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig))
+
+
+def downloads_root(tasks: TasksSection) -> Path:
+    """The download cache of an OSWorld run (tasks.downloads, else $DART_DOWNLOADS or .dart/blobs), absolute."""
+    return Path(tasks.downloads or default_root()).resolve()

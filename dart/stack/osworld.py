@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dart.env.cli import DEFAULT_EXAMPLES, backend_capabilities
+from dart.env.downloads import DownloadCache, task_urls
+from dart.env.tasks import check_pool, load_tasks
 from dart.errors import ConfigError
 from dart.stack.config import TasksSection
 
@@ -42,10 +45,6 @@ class OsworldPool:
 
 def osworld_pool(section: TasksSection, *, backend: str, downloads: Path) -> OsworldPool:
     """The OSWorld tasks of a run; ConfigError when none is left, naming why."""
-    from dart.env.cli import DEFAULT_EXAMPLES, backend_capabilities
-    from dart.env.downloads import DownloadCache, task_urls
-    from dart.env.tasks import check_pool, load_tasks
-
     examples = Path(section.examples) if section.examples else DEFAULT_EXAMPLES
     tasks = load_tasks(section.paths or [examples], examples_root=examples)
     report = check_pool(tasks, backend_capabilities(backend), frozenset())

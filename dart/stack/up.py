@@ -20,17 +20,29 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from dart.agent.model import load_policy
+from dart.agent.tiny import build_tiny
+from dart.agent.weights import check_state_dict, state_dict_from_bytes
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
+from dart.data.cli import sql_client
+from dart.data.experience import samples_as_experience
+from dart.data.report import build_report, write_plots
 from dart.env.catalogue import task_events
+from dart.events import now_ms
+from dart.log import list_segments
+from dart.log.restore import import_archive
+from dart.recipe.config import make_tasks
+from dart.recipe.episodes import evaluate, success_by_instruction
+from dart.recipe.preset import warm_start_kind
+from dart.recipe.warmstart import oracle_samples, warm_start
 from dart.rundir import mark_stopped, tensorboard_dir, write_descriptor
-from dart.stack.config import StackConfig
+from dart.stack.config import StackConfig, downloads_root
 from dart.stack.osworld import OsworldPool, osworld_pool, wait_until_serving
 from dart.stack.progress import Display, Progress, Snapshot, render
-from dart.stack.services import downloads_root, service_sections, service_specs
+from dart.stack.services import service_configs, service_specs, write_configs
 from dart.stack.supervisor import Supervisor
+from dart.train.checkpoint import latest_checkpoint, read_state
 
 log = logging.getLogger(__name__)
 
@@ -55,29 +67,14 @@ def import_oracle_experience(bus: BusConfig, run_id: str, tasks: list[dict[str, 
                              store: LocalBlobStore, recipe: Any) -> int:
     """Oracle solutions of ``tasks`` into the experience pool (events on the log, origin=oracle),
     so the data manager can inject a success into a group whose online rollouts all failed."""
-    from dart.data.experience import experience_events
-    from dart.events import now_ms
-    from dart.recipe.warmstart import oracle_samples
-
-    by_rollout: dict[str, list[Any]] = {}
-    for sample in oracle_samples(tasks, policy, store, recipe):
-        by_rollout.setdefault(sample.rollout_id, []).append(sample)
+    events, trajectories = samples_as_experience(
+        oracle_samples(tasks, policy, store, recipe), run_id=run_id, origin="oracle", at_ms=now_ms(),
+        decode=lambda ids: policy.tokenizer.decode(ids, skip_special_tokens=True))
     producer = Producer(bus, client_id="dart-up-experience")
-    for steps in by_rollout.values():
-        first = steps[0]
-        record = {
-            "task_id": first.task_id, "instruction": first.context.instruction, "reward": 1.0,
-            "screen_width": first.context.screen_width, "screen_height": first.context.screen_height,
-            "steps": [{"screenshot_digest": s.context.screenshot_digest,
-                       "response_text": policy.tokenizer.decode(s.response_token_ids, skip_special_tokens=True),
-                       "response_token_ids": list(s.response_token_ids), "prompt_hash": s.prompt_hash,
-                       "policy_version": 0} for s in steps],
-        }
-        for event in experience_events(record, run_id=run_id, origin="oracle", at_ms=now_ms(),
-                                       digest_of=lambda step: step["screenshot_digest"]):
-            producer.send_nowait(event)
+    for event in events:
+        producer.send_nowait(event)
     producer.close()
-    return len(by_rollout)
+    return trajectories
 
 
 def _shown(path: Path) -> str:
@@ -95,19 +92,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
-    latest = checkpoint_dir / "latest"
-    if not latest.exists():
-        return None
-    step = checkpoint_dir / latest.read_text().strip()
-    return step if (step / "model.safetensors").exists() else None
-
-
 def load_checkpoint_policy(base_dir: Path, checkpoint: Path | None) -> Any:
     """The policy of ``base_dir`` with the weights of a trainer checkpoint (if any)."""
-    from dart.agent.model import load_policy
-    from dart.agent.weights import check_state_dict, state_dict_from_bytes
-
     policy = load_policy(base_dir)
     if checkpoint is not None:
         state = state_dict_from_bytes((checkpoint / "model.safetensors").read_bytes())
@@ -170,7 +156,7 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None, config_file: Path
             n = import_oracle_experience(bus, cfg.run_id, train[: cfg.experience_tasks],
                                          load_checkpoint_policy(warm_dir, None), store, recipe)
             say(f"experience pool: {n} oracle trajectories on the log (injected into all-fail groups)")
-        start_services(cfg, supervisor, workdir, warm_dir, bus)
+        start_services(cfg, supervisor, workdir, bus)
         summary.update(_rl_phase(cfg, supervisor, workdir, stop_after_s=stop_after_s, broker=broker, bus=bus))
     except KeyboardInterrupt:
         say("interrupted: stopping every service cleanly")
@@ -205,10 +191,8 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None, config_file: Path
 def run_tasks(cfg: StackConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], OsworldPool | None]:
     """(training tasks, held-out tasks, the OSWorld pool when the tasks are OSWorld's). An OSWorld
     pool with nothing left to run is refused here, before anything starts."""
-    from dart.recipe.config import make_tasks
-
     if cfg.tasks.source == "osworld":
-        pool = osworld_pool(cfg.tasks, backend=cfg.env.backend, downloads=downloads_root(cfg))
+        pool = osworld_pool(cfg.tasks, backend=cfg.env.backend, downloads=downloads_root(cfg.tasks))
         return pool.tasks, [], pool
     train, held_out = make_tasks(cfg.recipe)
     return train, held_out, None
@@ -216,18 +200,16 @@ def run_tasks(cfg: StackConfig) -> tuple[list[dict[str, Any]], list[dict[str, An
 
 def warm_policy(cfg: StackConfig, workdir: Path, store: LocalBlobStore, train: list[dict[str, Any]],
                 summary: dict[str, Any]) -> Path:
-    """The policy RL starts from: the config's ``warm_model``, a random tiny one for OSWorld
-    (no oracle demonstrations), else the recipe's SFT warm start (``sft_s`` into ``summary``)."""
-    from dart.recipe.warmstart import warm_start
-
+    """The policy RL starts from, where the recipe's preset put it (the services' ``model``):
+    the config's ``warm_model``, a random tiny one for OSWorld (no oracle demonstrations), else
+    the recipe's SFT warm start (``sft_s`` into ``summary``)."""
     recipe = cfg.recipe
     t0 = time.monotonic()
-    if cfg.warm_model is not None:
-        warm_dir = cfg.warm_model.resolve()
+    kind = warm_start_kind(recipe, warm_model=cfg.warm_model, osworld=cfg.osworld)
+    if kind == "given":
+        warm_dir = cfg.warm_model.resolve()  # type: ignore[union-attr]
         say(f"warm start: the given policy {warm_dir}")
-    elif cfg.tasks.source == "osworld":
-        from dart.agent.tiny import build_tiny
-
+    elif kind == "random":
         warm_dir = build_tiny(workdir / "init", seed=recipe.seed, size=recipe.model)
         say(f"policy: a tiny random-weight Qwen2.5-VL in {warm_dir} (no warm start: OSWorld tasks come "
             "without oracle demonstrations; give warm_model for a trained one)")
@@ -237,6 +219,8 @@ def warm_policy(cfg: StackConfig, workdir: Path, store: LocalBlobStore, train: l
         warm_dir = warm_start(recipe, workdir, store, train, log=say)
         summary["sft_s"] = round(time.monotonic() - t0, 1)
         say(f"warm start written to {warm_dir} in {summary['sft_s']} s")
+    if warm_dir != cfg.trainer.model:
+        say(f"the services start from {cfg.trainer.model} (trainer.model), not {warm_dir}")
     summary["warm_model"] = str(warm_dir)
     return warm_dir
 
@@ -244,30 +228,22 @@ def warm_policy(cfg: StackConfig, workdir: Path, store: LocalBlobStore, train: l
 def held_out_success(model_dir: Path, checkpoint: Path | None, held_out: list[dict[str, Any]], cfg: StackConfig,
                      store: LocalBlobStore, *, phase: int, outcomes: Outcomes) -> float:
     """Held-out success of ``model_dir`` (with a trainer checkpoint's weights, if any)."""
-    from dart.recipe.episodes import evaluate
-
     return evaluate(load_checkpoint_policy(model_dir, checkpoint), held_out, cfg.recipe.eval_episodes, store=store,
                     recipe=cfg.recipe, phase=phase, outcomes=outcomes)
 
 
 def by_instruction(warm: Outcomes, rl: Outcomes) -> list[dict[str, Any]]:
     """Which skills the warm start brought and which RL added (make run: which colours it reads)."""
-    from dart.recipe.episodes import success_by_instruction
-
     warm_by = success_by_instruction(warm)
     return [{"instruction": ins, "tasks": n, "warm": warm_by.get(ins, (n, None))[1], "rl": rate}
             for ins, (n, rate) in success_by_instruction(rl).items()]
 
 
-def start_services(cfg: StackConfig, supervisor: Supervisor, workdir: Path, warm_dir: Path, bus: BusConfig) -> None:
+def start_services(cfg: StackConfig, supervisor: Supervisor, workdir: Path, bus: BusConfig) -> None:
     """Write every service's config and start it under ``supervisor``; rollout workers of a
     ``dart serve`` start once it answers."""
-    sections = service_sections(cfg, workdir=workdir, model_dir=warm_dir, serve_port=free_port())
-    for name, body in sections.items():
-        if "serve" in body:  # `dart serve` takes flags, not a file
-            continue
-        text = yaml.safe_dump({"bus": {"bootstrap": bus.bootstrap, "prefix": bus.prefix}, **body}, sort_keys=False)
-        (workdir / "config" / f"{name}.yaml").write_text(text)
+    sections = service_configs(cfg, serve_port=free_port())
+    write_configs(sections, {"bootstrap": bus.bootstrap, "prefix": bus.prefix}, workdir / "config")
     specs = service_specs(sections, workdir / "config",
                           nice={"env": cfg.env.nice, "rollout": cfg.rollout.nice, "serve": cfg.rollout.nice})
     rollouts = [spec for spec in specs if spec.name.startswith("rollout-")] if "serve" in sections else []
@@ -277,7 +253,7 @@ def start_services(cfg: StackConfig, supervisor: Supervisor, workdir: Path, warm
     if "serve" in sections:
         # Rollout workers start once the policy server answers (the other services start
         # meanwhile): their first requests would spend the engine's retries on a server still loading.
-        url = f"http://127.0.0.1:{sections['serve']['serve']['port']}/v1"
+        url = f"http://127.0.0.1:{sections['serve'][1].port}/v1"
         waited = wait_until_serving(url, timeout_s=SERVE_START_S,
                                     alive=lambda: supervisor.services["serve"].proc.poll() is None)
         say(f"dart serve answers on {url} ({waited:.0f} s after dart up started it)")
@@ -306,9 +282,6 @@ def stop_services(supervisor: Supervisor) -> None:
 def write_run_report(workdir: Path) -> Path | None:
     """`dart report` of the finished run into WORKDIR/report (text + PNGs), from its store once
     the data manager has let go of it; a report that cannot be made is said, never fatal."""
-    from dart.data.cli import sql_client
-    from dart.data.report import build_report, write_plots
-
     if not (workdir / "chdb").exists():
         return None
     out = workdir / "report"
@@ -330,9 +303,6 @@ def write_run_report(workdir: Path) -> Path | None:
 
 def restore_log(log_dir: Path, bus: BusConfig) -> bool:
     """Rebuild the fresh dev broker from an existing run directory's archive; False when there is none."""
-    from dart.log import list_segments
-    from dart.log.restore import import_archive
-
     if not list_segments(log_dir):
         return False
     done = import_archive(log_dir, bus)
@@ -436,10 +406,7 @@ def settle(progress: Progress, snap: Snapshot, *, updates: int, version: int, ti
 
 def trainer_progress(checkpoint_dir: Path) -> tuple[int, int]:
     """(updates applied, newest policy version) from the trainer's newest checkpoint ((0, 0) before any)."""
-    from dart.train.checkpoint import latest_checkpoint as newest
-    from dart.train.checkpoint import read_state
-
-    found = newest(checkpoint_dir)
+    found = latest_checkpoint(checkpoint_dir)
     try:
         state = read_state(found) if found is not None else None
     except (OSError, ValueError):

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dart.config import build, load_yaml
+from dart.config import add_config_args, build, config_from_args
 from dart.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -21,9 +21,7 @@ def register(sub: Any) -> None:
         description="`dart train CONFIG` runs the trainer service from the file's `train:` section (bus from "
                     "its `bus:` section). `dart train --sft DATA --model DIR --out DIR` fine-tunes a policy "
                     "on experience trajectories (NLL on response tokens) and writes a policy directory.")
-    p.add_argument("config_file", nargs="?", metavar="CONFIG",
-                   help="YAML config: a `train:` section (TrainerConfig) and `bus:`")
-    p.add_argument("--config", help="the same as CONFIG (every service takes --config)")
+    add_config_args(p, what=": a `train:` section (TrainerConfig) and `bus:`")
     p.add_argument("--sft", metavar="DATA", type=Path,
                    help="warm start on a batch manifest or experience file (JSON list / lines of samples)")
     p.add_argument("--model", type=Path, help="policy directory to start from (overrides the config)")
@@ -38,31 +36,30 @@ def register(sub: Any) -> None:
 
 
 def train_section(args: argparse.Namespace) -> dict[str, Any]:
-    args.config = args.config or args.config_file
-    data = load_yaml(args.config) if args.config else {}
+    """The file's ``train:`` section (or the whole file, without ``bus:``), with the flags and then
+    the dotted overrides (``train.optim.lr=1e-5``; ``optim.lr=...`` for a file without sections)
+    laid over it."""
+    sectioned = "train" in config_from_args(args)
+    flags = {"model": args.model, "blobs": args.blobs, "optim.lr": args.lr}
+    args.config_data = None  # read again, the flags under the overrides
+    data = config_from_args(args, flags={(f"train.{k}" if sectioned else k): v for k, v in flags.items()})
     section = dict(data.get("train", data) or {})
     section.pop("bus", None)
-    if args.model is not None:
-        section["model"] = str(args.model)
-    if args.blobs is not None:
-        section["blobs"] = args.blobs
-    if args.lr is not None:
-        section["optim"] = {**(section.get("optim") or {}), "lr": args.lr}
     return section
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from dart.bus.cli import bus_from_args
 
-    args.config = args.config or args.config_file
     if args.sft is not None:
         return cmd_sft(args)
+    section = train_section(args)
     if not args.config:
         raise ConfigError("give a CONFIG file (`dart train configs/train.yaml`) or --sft DATA for a warm start")
     from dart.train.config import TrainerConfig
     from dart.train.trainer import TrainerHalted, serve
 
-    cfg = build(TrainerConfig, train_section(args), path="train")
+    cfg = build(TrainerConfig, section, path="train")
     from dart.train import ranks
 
     if ranks.world()[1] > 1:  # one rank of several, under a launcher
@@ -81,7 +78,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def launch_args(args: argparse.Namespace) -> list[str]:
     """The arguments of this ``dart train CONFIG`` run again, for each rank."""
-    out = [str(args.config)]
+    out = [str(args.config), *(item for item in args.config_items if "=" in item)]
     for flag in ("model", "blobs", "lr", "bootstrap", "prefix"):
         if getattr(args, flag) is not None:
             out += [f"--{flag}", str(getattr(args, flag))]

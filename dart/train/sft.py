@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -95,6 +97,18 @@ def epoch_chunks(n: int, size: int, rng: random.Random) -> list[list[int]]:
     return [order[i : i + size] for i in range(0, n, size)]
 
 
+def sft_step(engine: TorchEngine, samples: Sequence[Any], pad_id: int) -> float:
+    """One SFT optimiser step, the only one of dart (``dart train --sft``, the recipe's warm start,
+    the SFT probe): collate ``samples`` (prepared ones, :func:`dart.train.batch.prepare_samples`),
+    forward, plain NLL on the response tokens, backward, step. Returns the loss."""
+    batch = collate(list(samples), torch.ones(len(samples), dtype=torch.bool), pad_id=pad_id)
+    logp_B_T, _ = engine.forward(batch)
+    loss, _ = nll_loss(logp_B_T, batch.mask_B_T.to(logp_B_T.device))
+    engine.backward(loss)
+    engine.step()
+    return float(loss.detach())
+
+
 def run_sft(cfg: SFTConfig, blobs: BlobStore) -> SFTResult:
     """Train, then write the policy directory ``cfg.out``; returns the per-epoch losses."""
     random.seed(cfg.seed)
@@ -115,13 +129,8 @@ def run_sft(cfg: SFTConfig, blobs: BlobStore) -> SFTResult:
     for epoch in range(cfg.epochs):
         total, count = 0.0, 0
         for chunk in epoch_chunks(len(samples), cfg.micro_batch_samples, order):
-            batch = collate([samples[i] for i in chunk], torch.ones(len(chunk), dtype=torch.bool),
-                            pad_id=policy.pad_token_id)
-            logp_B_T, _ = engine.forward(batch)
-            loss, _ = nll_loss(logp_B_T, batch.mask_B_T.to(logp_B_T.device))
-            engine.backward(loss)
-            engine.step()
-            total, count = total + float(loss.detach()) * batch.adv_B.numel(), count + batch.adv_B.numel()
+            loss = sft_step(engine, [samples[i] for i in chunk], policy.pad_token_id)
+            total, count = total + loss * len(chunk), count + len(chunk)
         losses.append(total / count)
         log.info("sft epoch %d/%d: nll %.4f over %d samples", epoch + 1, cfg.epochs, losses[-1], count)
     save_policy(policy, cfg.out, state=engine.full_state_dict())

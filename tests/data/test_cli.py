@@ -155,3 +155,29 @@ def test_experience_import_is_idempotent_events(tmp_path: Path) -> None:
     r = dart("experience", "import", str(f), "--bootstrap", "127.0.0.1:1")
     assert r.returncode == 2 and "missing field" in r.stderr
     assert os.environ.get("DART_NO_SUCH") is None
+
+
+def test_samples_become_one_experience_trajectory_per_rollout_in_step_order():
+    from dart.data.experience import samples_as_experience
+    from dart.events.manifest import PromptContext, Sample
+
+    def sample(rollout: str, step: int, tokens: list[int]) -> Sample:
+        ctx = PromptContext(instruction=f"do {rollout}", step_index=step, screenshot_digest=f"{rollout}{step}" * 8,
+                            screen_width=112, screen_height=112)
+        return Sample(rollout_id=rollout, step_index=step, task_id=f"t-{rollout}", group_id=rollout, context=ctx,
+                      prompt_hash="h", response_token_ids=tokens, rollout_logprobs=[0.0] * len(tokens),
+                      entropies=[], policy_version=0, reward=1.0, origin="oracle", sft=True)
+
+    samples = [sample("a", 0, [1, 2]), sample("b", 0, [3]), sample("a", 1, [4])]
+    events, n = samples_as_experience(samples, decode=lambda ids: "+".join(map(str, ids)), run_id="r",
+                                      origin="oracle", at_ms=5)
+    assert n == 2
+    actions = [e for e in events if type(e).__name__ == "ActionChosen"]
+    assert [(a.task_id, a.step_index, a.response_text, list(a.response_token_ids)) for a in actions] == [
+        ("t-a", 0, "1+2", [1, 2]), ("t-a", 1, "4", [4]), ("t-b", 0, "3", [3])]
+    finished = [e for e in events if type(e).__name__ == "TrajectoryFinished"]
+    assert [(f.task_id, f.num_steps, f.origin, f.status.name) for f in finished] == [
+        ("t-a", 2, "oracle", "SUCCESS"), ("t-b", 1, "oracle", "SUCCESS")]
+    # the second step's observation carries the first step's answer as history
+    second = next(e for e in events if type(e).__name__ == "ObservationEmitted" and e.step_index == 1)
+    assert [h.response_text for h in second.history] == ["1+2"]

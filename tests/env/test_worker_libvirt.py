@@ -69,7 +69,7 @@ async def wait_until(cond):
 def test_libvirt_section_errors_name_the_env_libvirt_field(tmp_path):
     with pytest.raises(ConfigError, match=r"^env\.libvirt\.size: must be >= 1"):
         worker_config("p", tmp_path, "http://x", size=0)
-    with pytest.raises(ConfigError, match=r"^env\.libvirt\.probe_timeout_s must be a number"):
+    with pytest.raises(ConfigError, match=r"^env\.libvirt\.probe_timeout_s: input should be a valid number"):
         worker_config("p", tmp_path, "http://x", probe_timeout_s="fast")
     with pytest.raises(ConfigError, match=r"^env\.libvirt\.size: 2 VMs for 3 slots"):
         build(EnvWorkerConfig, {"backend": "libvirt", "slots": 3, "libvirt": {"size": 2}}, path="env")

@@ -358,3 +358,14 @@ def test_summary_prints_held_out_success_per_instruction(capsys) -> None:
     out = capsys.readouterr().out
     assert "Click the yellow button." in out and "42 tasks  100% -> 100%" in out
     assert "56 tasks   30% ->  43%" in out
+
+
+def test_step_contexts_give_each_step_the_turns_before_it() -> None:
+    from dart.events.manifest import step_contexts
+
+    ctxs = step_contexts("go", (10, 20), [("d0", "a0"), ("d1", "a1"), ("d2", "a2")])
+    assert [c.step_index for c in ctxs] == [0, 1, 2]
+    assert [c.screenshot_digest for c in ctxs] == ["d0", "d1", "d2"]
+    assert [[(h.step_index, h.screenshot_digest, h.response_text) for h in c.history] for c in ctxs] == [
+        [], [(0, "d0", "a0")], [(0, "d0", "a0"), (1, "d1", "a1")]]
+    assert (ctxs[2].instruction, ctxs[2].screen_width, ctxs[2].screen_height) == ("go", 10, 20)

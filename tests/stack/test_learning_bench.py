@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from dart.config import build, load_yaml
+from dart.config import as_mapping, build, load_yaml
+from dart.config import merge as deep_merge
+from dart.errors import ConfigError
 from dart.stack.config import StackConfig
-from dart.stack.services import deep_merge, service_sections
+from dart.stack.services import service_configs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,7 +32,7 @@ bench = _bench()
 def built(name: str, tmp_path: Path, start: str = "full") -> tuple[StackConfig, dict]:
     raw = load_yaml(REPO / "configs" / "chain.yaml")
     cfg = build(StackConfig, deep_merge(raw, bench.variant_overrides(name, build(StackConfig, raw), start=start)))
-    sections = service_sections(cfg, workdir=tmp_path, model_dir=tmp_path / "warm")
+    sections = {name: {section: as_mapping(obj)} for name, (section, obj) in service_configs(cfg).items()}
     return cfg, sections
 
 
@@ -90,7 +92,7 @@ def test_set_overrides_a_dotted_field_with_a_typed_value():
     assert bench.dotted("max_updates=90") == {"max_updates": 90}
     assert bench.dotted("recipe.loss.tis=sequence") == {"recipe": {"loss": {"tis": "sequence"}}}
     assert bench.dotted("env.nice=[1, 2]") == {"env": {"nice": [1, 2]}}
-    with pytest.raises(SystemExit, match="KEY=VALUE"):
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
         bench.dotted("recipe.rl_lr")
 
 

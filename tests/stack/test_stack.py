@@ -14,17 +14,18 @@ import pytest
 from dart.bus import free_port
 from dart.config import build
 from dart.errors import ConfigError
+from dart.log.archiver import ArchiverConfig
 from dart.stack.config import StackConfig
 from dart.stack.progress import Snapshot, render
-from dart.stack.services import service_sections, service_specs
+from dart.stack.services import service_configs, service_specs, write_configs
 from dart.stack.supervisor import ServiceSpec, Supervisor
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def sections(data: dict, tmp_path: Path) -> dict:
-    cfg = build(StackConfig, data)
-    return service_sections(cfg, workdir=tmp_path, model_dir=tmp_path / "warm")
+    """Every process's (section, config object), for a run in ``tmp_path``."""
+    return service_configs(build(StackConfig, {**data, "workdir": str(tmp_path)}))
 
 
 def test_the_default_config_builds_every_service(tmp_path):
@@ -32,43 +33,66 @@ def test_the_default_config_builds_every_service(tmp_path):
 
     out = sections(load_yaml(REPO / "configs" / "synthetic.yaml"), tmp_path)
     assert set(out) == {"env-0", "rollout-0", "trainer", "data-manager", "archiver", "metrics"}
-    assert out["archiver"]["archiver"]["log_dir"] == str(tmp_path / "log")
-    assert out["metrics"]["metrics"]["out_dir"] == str(tmp_path / "tensorboard" / "local")  # named by the run id
+    assert out["archiver"] == ("archiver", ArchiverConfig(log_dir=tmp_path / "log", flush_interval_s=1.0))
+    assert out["metrics"][1].out_dir == tmp_path / "tensorboard" / "local"  # named by the run id
     assert "metrics" not in sections({"tensorboard": False}, tmp_path)
 
 
 def test_rollout_workers_and_trainer_get_the_same_prompt_and_model(tmp_path):
     out = sections({"rollout": {"workers": 2}, "recipe": {"prompt": {"max_images": 3}}}, tmp_path)
-    prompts = [out[n]["rollout"]["prompt"] for n in ("rollout-0", "rollout-1")] + [out["trainer"]["train"]["prompt"]]
-    assert prompts[0]["max_images"] == 3 and all(p == prompts[0] for p in prompts)
-    assert out["rollout-1"]["rollout"]["model"] == out["trainer"]["train"]["model"] == str(tmp_path / "warm")
-    assert out["data-manager"]["data"]["batcher"]["groups_per_batch"] == build(StackConfig, {}).recipe.tasks_per_update
+    prompts = [out[n][1].prompt for n in ("rollout-0", "rollout-1", "trainer")]
+    assert prompts[0].max_images == 3 and all(p == prompts[0] for p in prompts)
+    assert out["rollout-1"][1].model == str(out["trainer"][1].model) == str(tmp_path / "warm")
+    assert out["data-manager"][1].batcher.groups_per_batch == build(StackConfig, {}).recipe.tasks_per_update
+    with pytest.raises(ConfigError, match=r"trainer.prompt: differs from recipe.prompt"):
+        build(StackConfig, {"trainer": {"prompt": {"max_images": 3}}})
 
 
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"trainer": {"options": {"optim": {"lr": -1.0}}}}, r"service trainer: .*optim.lr"),
-        ({"env": {"options": {"slotz": 3}}}, r"service env-0: unknown field env.slotz"),
-        ({"data": {"options": {"curation": {"n_min": 1}}}}, r"service data-manager: .*n_min"),
-        ({"rollout": {"options": {"engine": "tgi"}}}, r"service rollout-0: rollout.engine must be one of"),
+        ({"trainer": {"optim": {"lr": -1.0}}}, r"^trainer.optim.lr: must be > 0"),
+        ({"env": {"slotz": 3}}, r"^unknown field env.slotz"),
+        ({"data": {"curation": {"n_min": 1}}}, r"^data.curation.n_min"),
+        ({"rollout": {"engine": "tgi"}}, r"^rollout.engine: input should be 'hf', 'openai' or 'vllm'"),
     ],
 )
-def test_a_mistake_in_any_service_is_refused_naming_service_and_field(data, message, tmp_path):
+def test_a_mistake_in_any_service_is_refused_naming_the_field(data, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
         sections(data, tmp_path)
 
 
 def test_stack_level_mistakes_name_the_field():
-    with pytest.raises(ConfigError, match="pipeline must be one of"):
+    with pytest.raises(ConfigError, match="pipeline: input should be 'decoupled' or 'coupled'"):
         build(StackConfig, {"pipeline": "lockstep"})
     with pytest.raises(ConfigError, match=r"recipe.group_size"):
         build(StackConfig, {"recipe": {"group_size": 1}})
 
 
+def test_the_recipe_presets_the_services_and_the_file_wins(tmp_path):
+    out = sections({"recipe": {"rl_lr": 1e-4, "group_size": 4}}, tmp_path)
+    assert out["trainer"][1].optim.lr == 1e-4 and out["data-manager"][1].curation.n_default == 4
+    out = sections({"recipe": {"rl_lr": 1e-4}, "trainer": {"optim": {"lr": 2e-4}}}, tmp_path)
+    assert out["trainer"][1].optim.lr == 2e-4 and out["trainer"][1].optim.max_grad_norm == 2.0
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def test_each_process_reads_exactly_its_services_object(name, tmp_path):
+    from dart.config import load_yaml
+
+    data = load_yaml(REPO / "configs" / name)
+    configs = service_configs(build(StackConfig, {**data, "workdir": str(tmp_path), "env": {**data.get("env", {}),
+                                                                                           "workers": 2}}))
+    write_configs(configs, {"bootstrap": "127.0.0.1:9092", "prefix": "t"}, tmp_path)
+    for service, (section, obj) in configs.items():
+        if section != "serve":  # `dart serve` takes flags
+            assert build(type(obj), load_yaml(tmp_path / f"{service}.yaml")[section], path=section) == obj, service
+    assert [configs[f"env-{i}"][1].reply_partition for i in (0, 1)] == [0, 1]
+
+
 def test_coupled_pipeline_reaches_the_data_manager(tmp_path):
     out = sections({"pipeline": "coupled"}, tmp_path)
-    assert out["data-manager"]["data"]["pipeline"] == "coupled"
+    assert out["data-manager"][1].pipeline == "coupled"
 
 
 def test_each_service_is_a_dart_command_reading_its_own_file(tmp_path):

@@ -15,7 +15,7 @@ from dart.config import build, load_yaml
 from dart.errors import ConfigError
 from dart.stack.config import StackConfig
 from dart.stack.osworld import osworld_pool
-from dart.stack.services import service_sections, service_specs
+from dart.stack.services import service_configs, service_specs
 
 REPO = Path(__file__).resolve().parents[2]
 OS_TASKS = ("e0df059f-28a6-4169-924f-b9623e7184cc",   # rename a folder: execute setup, exact_match on a command
@@ -33,30 +33,31 @@ def osworld_cfg(tmp_path: Path, **extra) -> StackConfig:
 
 
 def test_the_osworld_config_builds_every_service_with_a_dart_serve_for_the_openai_engine(tmp_path):
-    cfg = build(StackConfig, load_yaml(REPO / "configs" / "osworld-xdesktop.yaml"))
-    out = service_sections(cfg, workdir=tmp_path, model_dir=tmp_path / "init", serve_port=8123)
+    cfg = build(StackConfig, {**load_yaml(REPO / "configs" / "osworld-xdesktop.yaml"), "workdir": str(tmp_path)})
+    out = service_configs(cfg, serve_port=8123)
     assert set(out) == {"env-0", "serve", "rollout-0", "trainer", "data-manager", "archiver", "metrics"}
-    rollout = out["rollout-0"]["rollout"]
-    assert rollout["engine"] == "openai" and rollout["openai"]["base_url"] == "http://127.0.0.1:8123/v1"
-    assert rollout["follow_weights"] is False and rollout["openai"]["timeout_s"] == 300
-    assert out["env-0"]["env"]["backend"] == out["data-manager"]["data"]["backend"] == "xdesktop"
-    assert Path(out["env-0"]["env"]["xdesktop"]["downloads"]).is_absolute()
+    rollout = out["rollout-0"][1]
+    assert rollout.engine == "openai" and rollout.openai.base_url == "http://127.0.0.1:8123/v1"
+    assert rollout.follow_weights is False and rollout.openai.timeout_s == 300
+    assert out["env-0"][1].backend == out["data-manager"][1].backend == "xdesktop"
+    assert Path(out["env-0"][1].xdesktop.downloads).is_absolute()
     serve = next(s for s in service_specs(out, tmp_path) if s.name == "serve")
     assert serve.argv[:3] == ("serve", "--model", str(tmp_path / "init")) and "8123" in serve.argv
 
 
 def test_a_server_given_by_url_is_used_and_none_is_started(tmp_path):
-    cfg = osworld_cfg(tmp_path, rollout={"engine": "openai", "base_url": "http://gpu-host:8000/v1",
-                                         "served_model": "ui-tars"})
-    out = service_sections(cfg, workdir=tmp_path, model_dir=tmp_path / "init")
+    cfg = osworld_cfg(tmp_path, rollout={"engine": "openai", "serve": False,
+                                         "openai": {"base_url": "http://gpu-host:8000/v1", "model": "ui-tars"}})
+    out = service_configs(cfg)
     assert "serve" not in out
-    assert out["rollout-0"]["rollout"]["openai"] == {"base_url": "http://gpu-host:8000/v1", "model": "ui-tars"}
+    openai = out["rollout-0"][1].openai
+    assert (openai.base_url, openai.model) == ("http://gpu-host:8000/v1", "ui-tars")
 
 
 @pytest.mark.parametrize(("extra", "message"), [
     ({"evaluate": True}, "evaluate: held-out evaluation plays synthetic tasks"),
     ({"env": {"backend": "synthetic"}}, "env.backend: OSWorld tasks need a desktop"),
-    ({"rollout": {"engine": "hf", "base_url": "http://x:1/v1"}}, "rollout.base_url: only the openai engine"),
+    ({"rollout": {"engine": "vllm"}}, "rollout.engine: dart up runs hf or openai workers"),
 ])
 def test_osworld_mistakes_are_refused_naming_the_field(tmp_path, extra, message):
     with pytest.raises(ConfigError, match=message):
