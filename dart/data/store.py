@@ -157,17 +157,6 @@ class Store:
         self._call(self.client.insert, f"{self.database}.{table}", data, column_names=columns)
         return len(rows)
 
-    def insert_columns(self, table: str, columns: dict[str, list[Any]]) -> int:
-        """Column-oriented insert (the fast path for benchmarks and bulk loads)."""
-        names = list(columns)
-        if not names:
-            return 0
-        self._call(
-            self.client.insert, f"{self.database}.{table}", [columns[n] for n in names],
-            column_names=names, column_oriented=True,
-        )
-        return len(columns[names[0]])
-
     def close(self) -> None:
         try:
             self.client.close()
