@@ -24,6 +24,7 @@ import yaml
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
 from dart.env.catalogue import task_events
+from dart.recipe.measure import outcomes_to_json, paired_gain, success
 from dart.stack.config import StackConfig
 from dart.stack.osworld import OsworldPool, osworld_pool, wait_until_serving
 from dart.stack.progress import Display, Progress, Snapshot, render
@@ -149,8 +150,10 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
             t0 = time.monotonic()
             summary["warm_success"] = held_out_success(warm_dir, None, held_out, cfg, store, phase=1,
                                                        outcomes=warm_outcomes)
-            say(f"warm start: held-out success {summary['warm_success']:.1%} over {recipe.eval_episodes} "
-                f"episodes ({time.monotonic() - t0:.0f} s)")
+            warm = success(warm_outcomes)
+            summary.update(warm_se=warm.se, eval_tasks=warm.tasks, warm_eval_s=round(time.monotonic() - t0, 1))
+            say(f"warm start: held-out success {warm.points()} over {warm.tasks} tasks "
+                f"({recipe.held_out_episodes} episodes, {summary['warm_eval_s']:.0f} s)")
         if cfg.experience_tasks:
             n = import_oracle_experience(bus, cfg.run_id, train[: cfg.experience_tasks],
                                          load_checkpoint_policy(warm_dir, None), store, recipe)
@@ -176,9 +179,16 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None) -> dict[str, Any]
         summary["rl_success"] = held_out_success(Path(summary["warm_model"]), checkpoint, held_out, cfg, store,
                                                  phase=2, outcomes=rl_outcomes)
         summary["delta"] = summary["rl_success"] - summary["warm_success"]
+        rl, gain = success(rl_outcomes), paired_gain(warm_outcomes, rl_outcomes)
+        summary.update(rl_se=rl.se, delta_se=gain.se, rl_eval_s=round(time.monotonic() - t0, 1))
         summary["held_out_by_instruction"] = by_instruction(warm_outcomes, rl_outcomes)
-        say(f"RL policy: held-out success {summary['rl_success']:.1%} over {recipe.eval_episodes} episodes "
-            f"({time.monotonic() - t0:.0f} s)")
+        (workdir / "held_out.json").write_text(json.dumps(
+            {"warm": outcomes_to_json(warm_outcomes), "rl": outcomes_to_json(rl_outcomes)}))
+        say(f"RL policy: held-out success {rl.points()} over {rl.tasks} tasks ({recipe.held_out_episodes} episodes, "
+            f"{summary['rl_eval_s']:.0f} s); gain {gain.points(signed=True)} points (paired over the same tasks)")
+        if report_dir is not None:
+            with open(report_dir / "report.txt", "a") as fh:
+                fh.write(held_out_lines(summary) + "\n")
     summary["total_s"] = round(time.monotonic() - t_start, 1)
     summary["recipe"] = _jsonable(asdict(recipe))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -230,7 +240,7 @@ def held_out_success(model_dir: Path, checkpoint: Path | None, held_out: list[di
     """Held-out success of ``model_dir`` (with a trainer checkpoint's weights, if any)."""
     from dart.recipe.episodes import evaluate
 
-    return evaluate(load_checkpoint_policy(model_dir, checkpoint), held_out, cfg.recipe.eval_episodes, store=store,
+    return evaluate(load_checkpoint_policy(model_dir, checkpoint), held_out, cfg.recipe.held_out_episodes, store=store,
                     recipe=cfg.recipe, phase=phase, outcomes=outcomes)
 
 
@@ -453,6 +463,22 @@ MAX_INSTRUCTION_ROWS = 12
 """The summary lists held-out success per instruction when there are at most this many."""
 
 
+def held_out_lines(s: dict[str, Any], *, indent: str = "held-out success ") -> str:
+    """The summary's held-out success with standard errors over tasks: warm start, RL policy, gain."""
+    def se(key: str) -> str:
+        return f" ± {100 * s[key]:.1f}" if s.get(key) is not None else ""
+
+    pad = " " * len(indent)
+    tasks = f" over {s['eval_tasks']} held-out tasks" if s.get("eval_tasks") else ""
+    lines = [f"{indent}warm start {100 * s['warm_success']:.1f} %{se('warm_se')}{tasks}"]
+    if "rl_success" in s:
+        lines.append(f"{pad}RL policy  {100 * s['rl_success']:.1f} %{se('rl_se')}")
+        lines.append(f"{pad}gain       {100 * s['delta']:+.1f}{se('delta_se')} points"
+                     + (" (standard errors over tasks; a gain's is paired over the same tasks)"
+                        if s.get("delta_se") is not None else ""))
+    return "\n".join(lines)
+
+
 def _print_summary(s: dict[str, Any]) -> None:
     say("summary")
     print(f"  pipeline         {s['pipeline']}")
@@ -465,9 +491,7 @@ def _print_summary(s: dict[str, Any]) -> None:
         util = ", ".join(f"{k} {v:.1%}" for k, v in s.get("utilisation", {}).items())
         print(f"  utilisation      {util or '-'}; mean staleness {s.get('staleness_mean', 0):.2f} versions")
     if "warm_success" in s:
-        print(f"  held-out success warm start {s['warm_success']:.1%}")
-    if "rl_success" in s:
-        print(f"                   RL policy  {s['rl_success']:.1%}  ({s['delta'] * 100:+.1f} points)")
+        print(held_out_lines(s, indent="  held-out success "))
     rows = s.get("held_out_by_instruction") or []
     if 0 < len(rows) <= MAX_INSTRUCTION_ROWS:
         print("  by instruction   (held-out, warm start -> RL policy)")
