@@ -1,7 +1,7 @@
 """What two `dart up` runs did differently, rollout by rollout, from their stores: the question
 "does this code change cost learning?" answered without whole runs' worth of noise.
 
-    .venv/bin/python benchmarks/run_diff.py RUN_A RUN_B [--versions 0]
+    .venv/bin/python benchmarks/run_diff.py RUN_A RUN_B [--versions 1] [--held-out-at VERSION ...]
 
 For each run: the requests (tasks, group sizes, step caps, sampling temperature / top-p / seeds),
 the rollouts of the first policy versions (tokens of every step), trajectories (steps, finish
