@@ -2,8 +2,9 @@
 of DART's curation knobs turned off in turn (ablations).
 
 Every run is a real `dart up` (broker, env workers, rollout worker, data manager, trainer as
-processes; held-out evaluation of the warm start and of the final policy, 200 greedy episodes
-by default). A run's RL phase is bounded by its update budget (``max_updates``) with the
+processes; held-out evaluation of the warm start and of the final policy: every held-out task
+once, greedy, each figure ± its standard error over tasks, :mod:`dart.recipe.measure`; a run made
+before that measure, or by older code, is measured again so). A run's RL phase is bounded by its update budget (``max_updates``) with the
 config's ``rl_minutes`` as a cap, so a busier machine gives the same number of updates, later.
 
     # the seeds table (make run's recipe), then seed 0 again beside one busy core
@@ -14,11 +15,12 @@ config's ``rl_minutes`` as a cap, so a busier machine gives the same number of u
 
 Runs go to ``--out`` (default ``runs/learning``), one directory per variant and seed; a run
 whose ``summary.json`` exists is not run again (so a long sweep can be resumed; ``--collect``
-runs nothing and tabulates what is there, each cell not run marked so). Within a seed,
+runs nothing and tabulates what is there, each cell not run marked so; ``--repeats K`` makes K
+runs of each, for the run-to-run spread). Within a seed,
 every variant starts RL from the same warm start (the first variant's SFT). After each run the
 published weight versions are evaluated at ``--curve-points`` moments for the
 held-out-success-vs-wall-clock curve, on the same held-out episodes as the warm start and the
-final policy (``recipe.eval_episodes``: episodes cycle through the held-out tasks, so fewer
+final policy (``recipe.held_out_episodes``: episodes cycle through the held-out tasks, so fewer
 episodes would be another, easier or harder, subset of tasks). Output: a markdown
 table (mean +- spread of the held-out gain per variant) and a PNG, in ``--out`` and in
 ``benchmarks/results/`` (``learning_<name>.md|png|json``).
@@ -195,6 +197,47 @@ def curve(workdir: Path, cfg: StackConfig, summary: dict[str, Any], *, points: i
     return out
 
 
+def fine_measure(workdir: Path, cfg: StackConfig, summary: dict[str, Any]) -> dict[str, Any]:
+    """A run measured before the fine held-out measure (or by older code), measured again: its warm
+    start and final checkpoint on every held-out task of the current recipe, one greedy episode
+    each, with standard errors over tasks (:mod:`dart.recipe.measure`). The run's own figures stay
+    under ``coarse``; the per-task outcomes go to ``held_out.json``."""
+    from dart.blobs import LocalBlobStore
+    from dart.recipe.config import make_tasks
+    from dart.recipe.episodes import evaluate
+    from dart.recipe.measure import outcomes_to_json, paired_gain, success
+    from dart.stack.up import latest_checkpoint, load_checkpoint_policy
+
+    recipe = cfg.recipe
+    _, held_out = make_tasks(recipe)
+    store = LocalBlobStore(workdir / "blobs")
+    outcomes: dict[str, list[tuple[dict[str, Any], bool]]] = {"warm": [], "rl": []}
+    t0 = time.monotonic()
+    for phase, (key, checkpoint) in enumerate((("warm", None), ("rl", latest_checkpoint(workdir / "checkpoints"))),
+                                              start=1):
+        evaluate(load_checkpoint_policy(Path(summary["warm_model"]), checkpoint), held_out,
+                 recipe.held_out_episodes, store=store, recipe=recipe, phase=phase, outcomes=outcomes[key])
+    warm, rl = success(outcomes["warm"]), success(outcomes["rl"])
+    gain = paired_gain(outcomes["warm"], outcomes["rl"])
+    (workdir / "held_out.json").write_text(json.dumps({k: outcomes_to_json(v) for k, v in outcomes.items()}))
+    coarse = {k: summary.get(k) for k in ("warm_success", "rl_success", "delta")}
+    coarse["eval_episodes"] = (summary.get("recipe") or {}).get("eval_episodes")
+    return {"coarse": coarse, "warm_success": warm.value, "warm_se": warm.se, "rl_success": rl.value,
+            "rl_se": rl.se, "delta": gain.value, "delta_se": gain.se, "eval_tasks": warm.tasks,
+            "remeasured_s": round(time.monotonic() - t0, 1)}
+
+
+def fine(summary: dict[str, Any]) -> bool:
+    """Whether a run's figures carry standard errors over tasks (the fine measure)."""
+    return summary.get("delta_se") is not None
+
+
+def pm(value: float, se: float | None, *, signed: bool = False, pct: bool = False) -> str:
+    """``+9.0 ± 1.4`` / ``42.5 % ± 1.7`` (no ``±`` for a run measured without standard errors)."""
+    text = f"{100 * value:+.1f}" if signed else f"{100 * value:.1f}" + (" %" if pct else "")
+    return text + (f" ± {100 * se:.1f}" if se is not None else "")
+
+
 def spread(values: list[float]) -> str:
     if not values:
         return "-"
@@ -205,36 +248,57 @@ def spread(values: list[float]) -> str:
 
 
 def table(results: dict[str, list[dict[str, Any]]]) -> str:
-    lines = ["| variant | seeds | warm start | RL policy | held-out gain (points, mean ± sd) | updates | "
-             "RL minutes | capped |",
-             "|---|---|---|---|---|---|---|---|"]
+    """Per variant: mean warm start and RL policy, the held-out gain's mean ± sd over its runs (the
+    run-to-run spread) and the mean standard error of one run's gain (the measure's own error);
+    then every run with its figures ± their standard errors over tasks."""
+    lines = ["| variant | runs (seeds) | warm start | RL policy | held-out gain (points, mean ± sd over runs) | "
+             "measure's se of one gain | updates | RL minutes | capped |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, runs in results.items():
         if not runs:
             continue
         warm = statistics.fmean(r["warm_success"] for r in runs)
         rl = statistics.fmean(r["rl_success"] for r in runs)
+        ses = [r["delta_se"] for r in runs if fine(r)]
         lines.append(
-            f"| {name} | {', '.join(str(r['seed']) for r in runs)} | {warm:.1%} | {rl:.1%} | "
-            f"{spread([r['delta'] for r in runs])} | {statistics.fmean(r['updates'] for r in runs):.0f} | "
+            f"| {name} | {len(runs)} ({', '.join(str(r['seed']) for r in runs)}) | {warm:.1%} | {rl:.1%} | "
+            f"{spread([r['delta'] for r in runs])} | {f'{100 * statistics.fmean(ses):.1f}' if ses else '-'} | "
+            f"{statistics.fmean(r['updates'] for r in runs):.0f} | "
             f"{statistics.fmean(r['rl_s'] for r in runs) / 60:.1f} | "
             f"{sum(1 for r in runs if r.get('budget_note'))} of {len(runs)} |")
     lines.append("")
-    lines.append("Per run: " + "; ".join(
-        f"{name} seed {r['seed']}{' +hog' if r.get('stress') else ''}: {r['warm_success']:.1%} -> "
-        f"{r['rl_success']:.1%} ({100 * r['delta']:+.1f}), {r['updates']} updates in {r['rl_s'] / 60:.1f} min"
+    lines.append("Per run (held-out success ± its standard error over tasks; the gain's is paired over the same "
+                 "tasks): " + "; ".join(
+        f"{name} seed {r['seed']}{' +hog' if r.get('stress') else ''}: "
+        f"{pm(r['warm_success'], r.get('warm_se'), pct=True)} -> {pm(r['rl_success'], r.get('rl_se'), pct=True)} "
+        f"({pm(r['delta'], r.get('delta_se'), signed=True)}), {r['updates']} updates in {r['rl_s'] / 60:.1f} min"
+        + (f", {r['eval_tasks']} tasks" if r.get("eval_tasks") else ", 200 episodes, no standard error")
         for name, runs in results.items() for r in runs))
     return "\n".join(lines)
 
 
 def by_seed(results: dict[str, list[dict[str, Any]]], seeds: list[int]) -> str:
-    """Held-out gain per variant and seed (a cell not run says so), with each variant's mean +- sd
-    and, from the second row on, its difference from the first row's mean on the seeds both have."""
+    """Held-out gain per variant and seed (a cell not run says so): each run's gain ± its standard
+    error over tasks, and with two or more runs of a seed their mean ± sd (the run-to-run spread);
+    then each variant's mean ± sd over its seeds' means and, from the second row on, its
+    difference from the first row's mean on the seeds both have."""
     head = "| variant | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± sd | vs first row, same seeds |"
     lines = [head, "|---|" + "---|" * len(seeds) + "---|---|"]
     first: dict[int, float] | None = None
     for name, runs in results.items():
-        gains = {r["seed"]: r["delta"] for r in runs}
-        cells = [f"{100 * gains[s]:+.1f}" if s in gains else "not run" for s in seeds]
+        per: dict[int, list[dict[str, Any]]] = {}
+        for r in runs:
+            per.setdefault(r["seed"], []).append(r)
+        gains = {s: statistics.fmean(r["delta"] for r in rs) for s, rs in per.items()}
+        cells = []
+        for s in seeds:
+            if s not in per:
+                cells.append("not run")
+                continue
+            cell = ", ".join(pm(r["delta"], r.get("delta_se"), signed=True) for r in per[s])
+            if len(per[s]) > 1:
+                cell += f" (mean {spread([r['delta'] for r in per[s]]).split(' (min')[0]})"
+            cells.append(cell)
         mean = (f"{100 * statistics.fmean(gains.values()):+.1f}"
                 + (f" ± {100 * statistics.stdev(gains.values()):.1f}" if len(gains) > 1 else "")) if gains else "-"
         if first is None:
@@ -293,6 +357,9 @@ def main() -> int:
                    help="start seed N from the warm start in DIR/<variant>-sN/warm where an earlier run left one "
                         "(SFT is deterministic per seed on one machine, not across machines: this skips repeating it)")
     p.add_argument("--name", help="name of the result files (default: the config's name, +ablate, +stress)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each variant and seed (the second and later in <variant>-sN-rK): the "
+                        "run-to-run spread, reported beside each run's standard error over tasks")
     p.add_argument("--collect", action="store_true",
                    help="run nothing: tabulate the runs already in --out/NAME (link run directories in to "
                         "gather runs made under other names); a cell not run is marked so")
@@ -320,10 +387,11 @@ def main() -> int:
         if args.warm_from is not None:
             found = sorted(args.warm_from.glob(f"*-s{seed}/warm/config.json"))
             warm = str(found[0].parent.resolve()) if found else None
-        for name in names:
-            workdir = (args.out / tag / f"{name}-s{seed}").resolve()
+        for name, k in ((n, k) for n in names for k in range(1, args.repeats + 1)):
+            run = f"{name}-s{seed}" + (f"-r{k}" if k > 1 else "")
+            workdir = (args.out / tag / run).resolve()
             config = deep_merge(deep_merge(raw, variant_overrides(name, base, start=args.base)), {"recipe": {"seed": seed}})
-            config["run_id"] = f"{name.replace('_', '-')}-s{seed}"
+            config["run_id"] = run.replace("_", "-")
             if warm is not None:
                 config["warm_model"] = warm
             summary_path = workdir / "summary.json"
@@ -336,15 +404,21 @@ def main() -> int:
             else:
                 print(f"[learning] {name} seed {seed}: dart up in {workdir}", flush=True)
                 summary = run_one(config, workdir, stress=args.stress, log=workdir.with_suffix(".log"))
+            if not fine(summary):
+                print(f"[learning] {name} seed {seed}: measured without standard errors; measuring its warm "
+                      "start and final policy again on every held-out task", flush=True)
+                summary.update(fine_measure(workdir, build(StackConfig, config), summary))
+                summary_path.write_text(json.dumps(summary, indent=2))
             if "curve" not in summary:
                 summary["curve"] = curve(workdir, build(StackConfig, config), summary, points=args.curve_points,
-                                         episodes=args.curve_episodes or build(StackConfig, config).recipe.eval_episodes)
+                                         episodes=args.curve_episodes or build(StackConfig, config).recipe.held_out_episodes)
                 summary_path.write_text(json.dumps(summary, indent=2))
             summary["seed"] = seed
             warm = warm or summary["warm_model"]
             results[name].append(summary)
-            print(f"[learning] {name} seed {seed}: warm {summary['warm_success']:.1%} -> RL "
-                  f"{summary['rl_success']:.1%} ({100 * summary['delta']:+.1f} points), {summary['updates']} "
+            print(f"[learning] {run}: warm {pm(summary['warm_success'], summary.get('warm_se'), pct=True)} -> RL "
+                  f"{pm(summary['rl_success'], summary.get('rl_se'), pct=True)} "
+                  f"({pm(summary['delta'], summary.get('delta_se'), signed=True)} points), {summary['updates']} "
                   f"updates in {summary['rl_s'] / 60:.1f} min{'; ' + summary['budget_note'] if summary.get('budget_note') else ''}",
                   flush=True)
     text = table(results) + "\n\nHeld-out gain (points) per seed:\n\n" + by_seed(results, args.seeds)
@@ -353,15 +427,19 @@ def main() -> int:
     header = (f"# {tag}: `benchmarks/learning.py --config {shown_path(args.config)}"
               f"{' --ablate' if args.ablate else ''}{' --variants ' + ' '.join(args.variants) if args.variants else ''}"
               f"{''.join(' --set ' + x for x in args.set)}{' --collect' if args.collect else ''}{' --max-updates ' + str(args.max_updates) if args.max_updates is not None else ''}"
-              f"{' --base ' + args.base if args.base != 'full' else ''}{' --stress' if args.stress else ''} --seeds "
+              f"{' --base ' + args.base if args.base != 'full' else ''}{' --stress' if args.stress else ''}"
+              f"{f' --repeats {args.repeats}' if args.repeats > 1 else ''} --seeds "
               f"{' '.join(map(str, args.seeds))}`\n\n{stamp}, 2-core CPU machine, no GPU; held-out success over "
-              f"{base.recipe.eval_episodes} greedy episodes per number.\n\n" + (f"{note}.\n\n" if note else ""))
+              f"{base.recipe.eval_tasks} held-out tasks, one greedy episode each ({base.recipe.held_out_episodes} "
+              "episodes), ± its standard error over tasks; a gain's standard error is paired over the same tasks. "
+              "Run-to-run spread: the sd over runs.\n\n" + (f"{note}.\n\n" if note else ""))
     for folder in (args.out / tag, REPO / "benchmarks" / "results"):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"learning_{tag}.md").write_text(header + text + "\n")
         (folder / f"learning_{tag}.json").write_text(json.dumps(
-            {n: [{k: r.get(k) for k in ("seed", "warm_success", "rl_success", "delta", "updates", "rl_s",
-                                         "budget_note", "stress", "curve", "total_s")} for r in runs]
+            {n: [{k: r.get(k) for k in ("seed", "warm_success", "warm_se", "rl_success", "rl_se", "delta", "delta_se",
+                                         "eval_tasks", "coarse", "updates", "rl_s", "budget_note", "stress", "curve",
+                                         "total_s", "warm_eval_s", "rl_eval_s")} for r in runs]
              for n, runs in results.items()}, indent=2))
         plot(results, folder / f"learning_{tag}.png", f"held-out success vs wall clock ({tag})")
     return 0

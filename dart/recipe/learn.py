@@ -143,16 +143,16 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: P
     workdir = Path(workdir)
     store = open_workdir(workdir)
     train, held_out = make_tasks(recipe)
-    out: dict[str, Any] = {"eval_episodes": recipe.eval_episodes, "recipe": asdict(recipe)}
+    out: dict[str, Any] = {"eval_episodes": recipe.held_out_episodes, "recipe": asdict(recipe)}
 
     t0 = time.perf_counter()
     warm_dir = warm or warm_start(recipe, workdir, store, train, log)
     out["sft_s"] = elapsed(t0)
     policy = load_policy(warm_dir)
     t0 = time.perf_counter()
-    out["warm_success"] = evaluate(policy, held_out, recipe.eval_episodes, store=store, recipe=recipe, phase=1)
+    out["warm_success"] = evaluate(policy, held_out, recipe.held_out_episodes, store=store, recipe=recipe, phase=1)
     out["eval_warm_s"] = elapsed(t0)
-    log(f"warm start: held-out success {out['warm_success']:.3f} over {recipe.eval_episodes} episodes "
+    log(f"warm start: held-out success {out['warm_success']:.3f} over {recipe.held_out_episodes} episodes "
         f"(sft {out['sft_s']} s, eval {out['eval_warm_s']} s)")
 
     t0 = time.perf_counter()
@@ -165,11 +165,11 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: P
     out["rl_s"] = elapsed(t0)
     save_policy(policy, workdir / "final", state=engine.full_state_dict())
     t0 = time.perf_counter()
-    out["rl_success"] = evaluate(policy, held_out, recipe.eval_episodes, store=store, recipe=recipe, phase=2)
+    out["rl_success"] = evaluate(policy, held_out, recipe.held_out_episodes, store=store, recipe=recipe, phase=2)
     out["eval_rl_s"] = elapsed(t0)
     out["delta"] = out["rl_success"] - out["warm_success"]
     out["total_s"] = elapsed(t_all)
-    log(f"RL: held-out success {out['rl_success']:.3f} over {recipe.eval_episodes} episodes "
+    log(f"RL: held-out success {out['rl_success']:.3f} over {recipe.held_out_episodes} episodes "
         f"(warm start {out['warm_success']:.3f}, delta {out['delta']:+.3f}; rl {out['rl_s']} s, "
         f"eval {out['eval_rl_s']} s, total {out['total_s']} s)")
     return out
@@ -201,7 +201,7 @@ async def rl_phase(policy: Policy, engine: Any, ref: Any, train: list[dict[str, 
                 f"grad {stats.get('grad_norm', 0.0):.3f}, rollouts {tr} s, total {elapsed(tu)} s")
             if recipe.eval_every and (u + 1) % recipe.eval_every == 0:
                 policy.model.eval()
-                rate = await evaluate_async(gen, held_out, recipe.eval_episodes, store=store, recipe=recipe, phase=2)
+                rate = await evaluate_async(gen, held_out, recipe.held_out_episodes, store=store, recipe=recipe, phase=2)
                 out["held_out_curve"].append((u + 1, rate))
                 log(f"update {u + 1}/{recipe.updates}: held-out success {rate:.3f}")
     finally:

@@ -100,6 +100,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from dart.blobs import LocalBlobStore
     from dart.recipe.config import make_tasks
     from dart.recipe.episodes import evaluate, success_by_instruction
+    from dart.recipe.measure import success
     from dart.stack.up import load_checkpoint_policy
     from dart.train.checkpoint import latest_checkpoint
 
@@ -128,16 +129,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _, held_out = make_tasks(recipe)
     policy = load_checkpoint_policy(model, checkpoint)
     outcomes: list[tuple[dict[str, Any], bool]] = []
-    rate = evaluate(policy, held_out, recipe.eval_episodes, store=LocalBlobStore(workdir / "blobs"), recipe=recipe,
+    rate = evaluate(policy, held_out, recipe.held_out_episodes, store=LocalBlobStore(workdir / "blobs"), recipe=recipe,
                     phase=3, outcomes=outcomes)
+    measured = success(outcomes)
     if args.json:
-        print(json.dumps({"success": rate, "episodes": recipe.eval_episodes, "model": str(model),
+        print(json.dumps({"success": rate, "se": measured.se, "tasks": measured.tasks,
+                          "episodes": recipe.held_out_episodes, "model": str(model),
                           "checkpoint": str(checkpoint) if checkpoint else None,
                           "by_instruction": [{"instruction": ins, "tasks": n, "success": r}
                                              for ins, (n, r) in success_by_instruction(outcomes).items()]}))
         return 0
     what = f"{model}" + (f" + {checkpoint.name}" if checkpoint else "")
-    print(f"held-out success of {what}: {rate:.1%} over {recipe.eval_episodes} episodes")
+    print(f"held-out success of {what}: {measured.points()} (standard error over tasks) over {measured.tasks} "
+          f"tasks, {recipe.held_out_episodes} episodes")
     return 0
 
 

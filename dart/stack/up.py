@@ -34,6 +34,7 @@ from dart.log import list_segments
 from dart.log.restore import import_archive
 from dart.recipe.config import make_tasks
 from dart.recipe.episodes import evaluate, success_by_instruction
+from dart.recipe.measure import outcomes_to_json, paired_gain, success
 from dart.recipe.preset import warm_start_kind
 from dart.recipe.warmstart import oracle_samples, warm_start
 from dart.rundir import mark_stopped, tensorboard_dir, write_descriptor
@@ -150,8 +151,10 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None, config_file: Path
             t0 = time.monotonic()
             summary["warm_success"] = held_out_success(warm_dir, None, held_out, cfg, store, phase=1,
                                                        outcomes=warm_outcomes)
-            say(f"warm start: held-out success {summary['warm_success']:.1%} over {recipe.eval_episodes} "
-                f"episodes ({time.monotonic() - t0:.0f} s)")
+            warm = success(warm_outcomes)
+            summary.update(warm_se=warm.se, eval_tasks=warm.tasks, warm_eval_s=round(time.monotonic() - t0, 1))
+            say(f"warm start: held-out success {warm.points()} over {warm.tasks} tasks "
+                f"({recipe.held_out_episodes} episodes, {summary['warm_eval_s']:.0f} s)")
         if cfg.experience_tasks:
             n = import_oracle_experience(bus, cfg.run_id, train[: cfg.experience_tasks],
                                          load_checkpoint_policy(warm_dir, None), store, recipe)
@@ -178,9 +181,16 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None, config_file: Path
         summary["rl_success"] = held_out_success(Path(summary["warm_model"]), checkpoint, held_out, cfg, store,
                                                  phase=2, outcomes=rl_outcomes)
         summary["delta"] = summary["rl_success"] - summary["warm_success"]
+        rl, gain = success(rl_outcomes), paired_gain(warm_outcomes, rl_outcomes)
+        summary.update(rl_se=rl.se, delta_se=gain.se, rl_eval_s=round(time.monotonic() - t0, 1))
         summary["held_out_by_instruction"] = by_instruction(warm_outcomes, rl_outcomes)
-        say(f"RL policy: held-out success {summary['rl_success']:.1%} over {recipe.eval_episodes} episodes "
-            f"({time.monotonic() - t0:.0f} s)")
+        (workdir / "held_out.json").write_text(json.dumps(
+            {"warm": outcomes_to_json(warm_outcomes), "rl": outcomes_to_json(rl_outcomes)}))
+        say(f"RL policy: held-out success {rl.points()} over {rl.tasks} tasks ({recipe.held_out_episodes} episodes, "
+            f"{summary['rl_eval_s']:.0f} s); gain {gain.points(signed=True)} points (paired over the same tasks)")
+        if report_dir is not None:
+            with open(report_dir / "report.txt", "a") as fh:
+                fh.write(held_out_lines(summary) + "\n")
     summary["total_s"] = round(time.monotonic() - t_start, 1)
     summary["recipe"] = _jsonable(asdict(recipe))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -228,7 +238,7 @@ def warm_policy(cfg: StackConfig, workdir: Path, store: LocalBlobStore, train: l
 def held_out_success(model_dir: Path, checkpoint: Path | None, held_out: list[dict[str, Any]], cfg: StackConfig,
                      store: LocalBlobStore, *, phase: int, outcomes: Outcomes) -> float:
     """Held-out success of ``model_dir`` (with a trainer checkpoint's weights, if any)."""
-    return evaluate(load_checkpoint_policy(model_dir, checkpoint), held_out, cfg.recipe.eval_episodes, store=store,
+    return evaluate(load_checkpoint_policy(model_dir, checkpoint), held_out, cfg.recipe.held_out_episodes, store=store,
                     recipe=cfg.recipe, phase=phase, outcomes=outcomes)
 
 
@@ -437,6 +447,22 @@ MAX_INSTRUCTION_ROWS = 12
 """The summary lists held-out success per instruction when there are at most this many."""
 
 
+def held_out_lines(s: dict[str, Any], *, indent: str = "held-out success ") -> str:
+    """The summary's held-out success with standard errors over tasks: warm start, RL policy, gain."""
+    def se(key: str) -> str:
+        return f" ± {100 * s[key]:.1f}" if s.get(key) is not None else ""
+
+    pad = " " * len(indent)
+    tasks = f" over {s['eval_tasks']} held-out tasks" if s.get("eval_tasks") else ""
+    lines = [f"{indent}warm start {100 * s['warm_success']:.1f} %{se('warm_se')}{tasks}"]
+    if "rl_success" in s:
+        lines.append(f"{pad}RL policy  {100 * s['rl_success']:.1f} %{se('rl_se')}")
+        lines.append(f"{pad}gain       {100 * s['delta']:+.1f}{se('delta_se')} points"
+                     + (" (standard errors over tasks; a gain's is paired over the same tasks)"
+                        if s.get("delta_se") is not None else ""))
+    return "\n".join(lines)
+
+
 def _print_summary(s: dict[str, Any]) -> None:
     say("summary")
     print(f"  pipeline         {s['pipeline']}")
@@ -449,9 +475,7 @@ def _print_summary(s: dict[str, Any]) -> None:
         util = ", ".join(f"{k} {v:.1%}" for k, v in s.get("utilisation", {}).items())
         print(f"  utilisation      {util or '-'}; mean staleness {s.get('staleness_mean', 0):.2f} versions")
     if "warm_success" in s:
-        print(f"  held-out success warm start {s['warm_success']:.1%}")
-    if "rl_success" in s:
-        print(f"                   RL policy  {s['rl_success']:.1%}  ({s['delta'] * 100:+.1f} points)")
+        print(held_out_lines(s, indent="  held-out success "))
     rows = s.get("held_out_by_instruction") or []
     if 0 < len(rows) <= MAX_INSTRUCTION_ROWS:
         print("  by instruction   (held-out, warm start -> RL policy)")

@@ -84,7 +84,24 @@ def test_the_table_gives_mean_and_spread_of_the_gain():
     runs = [{"seed": s, "warm_success": 0.3, "rl_success": 0.3 + d, "delta": d, "updates": 40, "rl_s": 600}
             for s, d in ((0, 0.10), (1, 0.20), (2, 0.15))]
     text = bench.table({"full": runs})
-    assert "| full | 0, 1, 2 | 30.0% | 45.0% | +15.0 ± 5.0 (min +10.0) | 40 | 10.0 | 0 of 3 |" in text
+    assert "| full | 3 (0, 1, 2) | 30.0% | 45.0% | +15.0 ± 5.0 (min +10.0) | - | 40 | 10.0 | 0 of 3 |" in text
+    assert "full seed 0: 30.0 % -> 40.0 % (+10.0), 40 updates in 10.0 min, 200 episodes, no standard error" in text
+
+
+def test_the_tables_put_each_runs_standard_error_beside_its_figures_and_the_spread_apart():
+    def run(seed: int, delta: float, se: float) -> dict:
+        return {"seed": seed, "warm_success": 0.425, "warm_se": 0.0164, "rl_success": 0.425 + delta, "rl_se": 0.0166,
+                "delta": delta, "delta_se": se, "eval_tasks": 899, "updates": 45, "rl_s": 540}
+
+    runs = [run(0, 0.10, 0.014), run(0, 0.12, 0.016), run(1, 0.15, 0.015)]
+    text = bench.table({"preset": runs})
+    # the run-to-run spread (sd of 10, 12, 15 = 2.5) and the measure's error of one gain (mean 1.5) apart
+    assert "| preset | 3 (0, 0, 1) | 42.5% | 54.8% | +12.3 ± 2.5 (min +10.0) | 1.5 | 45 | 9.0 | 0 of 3 |" in text
+    assert "preset seed 0: 42.5 % ± 1.6 -> 52.5 % ± 1.7 (+10.0 ± 1.4), 45 updates in 9.0 min, 899 tasks" in text
+    lines = bench.by_seed({"preset": runs}, [0, 1, 2]).splitlines()
+    # seed 0: two runs, each ± its standard error, and their mean ± sd; the row's mean is over seeds' means
+    assert lines[2] == ("| preset | +10.0 ± 1.4, +12.0 ± 1.6 (mean +11.0 ± 1.4) | +15.0 ± 1.5 | not run "
+                        "| +13.0 ± 2.8 | - |")
 
 
 def test_set_overrides_a_dotted_field_with_a_typed_value():

@@ -40,6 +40,9 @@ def test_a_short_run_trains_swaps_weights_and_replays_equal(broker, tmp_path):
     assert summary["trajectories"] > 0
     # Held-out success, overall and per instruction that >= 5 of the 30 held-out tasks share.
     assert summary["delta"] == pytest.approx(summary["rl_success"] - summary["warm_success"])
+    # ... each with its standard error over the 30 tasks, the gain's paired, the outcomes kept
+    assert summary["eval_tasks"] == 30 and all(summary[k] >= 0 for k in ("warm_se", "rl_se", "delta_se"))
+    assert (tmp_path / "run" / "held_out.json").exists()
     rows = summary["held_out_by_instruction"]
     assert rows and all(r["tasks"] >= 5 and 0.0 <= r["warm"] <= 1.0 and 0.0 <= r["rl"] <= 1.0 for r in rows)
     assert sum(r["tasks"] for r in rows) <= 30
