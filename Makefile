@@ -72,7 +72,7 @@ $(VLLM_STAMP): pyproject.toml deploy/gpu/constraints.txt deploy/gpu/contract-req
 	bash deploy/install-torch.sh $(VLLM_VENV) $(TORCH_VERSION)
 	$(VLLM_VENV)/bin/pip install -q --no-deps -c deploy/gpu/constraints.txt vllm==$(VLLM_PIN) xgrammar
 	$(VLLM_VENV)/bin/pip install -q -c deploy/gpu/constraints.txt -r deploy/gpu/contract-requirements.txt
-	$(VLLM_VENV)/bin/python -c "import torch, sys; sys.exit(0 if not torch.version.cuda else 'a CUDA torch was installed')"
+	@$(VLLM_VENV)/bin/python -c "import torch; print('contract venv: torch', torch.__version__, 'CUDA build' if torch.version.cuda else 'CPU build')"
 	touch $(VLLM_STAMP)
 
 # deploy/gpu/constraints.txt from the gpu extra's pins (pip's resolver on PyPI, metadata only).

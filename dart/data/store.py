@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from dart.data.config import StoreConfig
 from dart.data.rows import Row
 from dart.data.schema import MIGRATIONS, SCHEMA_VERSION_DDL, Migration, pending, render
+from dart.data.sqlguard import literal
 from dart.errors import DartError
 
 log = logging.getLogger(__name__)
@@ -119,9 +120,11 @@ class Store:
             for statement in m.statements:
                 self.command(render(statement, self.database))
             # SQL, not insert_rows: the client's insert imports pandas (a second of start-up for
-            # a command such as `dart replay` that may never insert a row through the client)
+            # a command such as `dart replay` that may never insert a row through the client).
+            # Literal values, not query parameters: a parameter in VALUES is an expression, which
+            # the SQL endpoint's writer refuses (its inserted data must be data).
             self.command(f"INSERT INTO {self.database}.schema_version (version, name) "
-                         "VALUES ({version:UInt32}, {name:String})", {"version": m.version, "name": m.name})
+                         f"VALUES ({int(m.version)}, {literal(m.name)})")
             log.info("projection schema: applied migration %d (%s)", m.version, m.name)
             done.append(m.version)
         return done

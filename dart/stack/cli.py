@@ -86,7 +86,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     # SIGTERM (kill, a supervisor, CI) takes Ctrl-C's path: every service stopped cleanly, the
     # summary written; without this `dart up` died at once and left its services running.
     signal.signal(signal.SIGTERM, _interrupt)
-    summary = up(cfg, config_file=args.config)
+    summary = up(cfg, config_file=Path(args.config) if args.config else None)
     return 1 if summary.get("interrupted") else 0
 
 
