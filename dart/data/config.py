@@ -25,7 +25,7 @@ class StoreConfig:
     """Environment variable holding the server password (never put secrets in config files)."""
     password_file: Path | None = None
     """File holding the password, read when `password_env` is unset or empty (the compose
-    stack's generated password, in a volume only the server and the data manager mount)."""
+    stack's writer password, in a volume only the data manager mounts)."""
 
     @property
     def password(self) -> str:

@@ -178,10 +178,10 @@ def test_no_plaintext_secrets(raw_compose: dict[str, Any], stack: dict[str, Any]
                 assert SUBSTITUTION.match(str(value)), f"{name}.{key} must come from the environment, got {value!r}"
                 assert str(value).endswith(":-}"), f"{name}.{key} must not carry a default value"
     assert seen >= 2
-    # The password set in the environment reaches the server and the data manager, and only them.
+    # The password set in the environment reaches secrets-init alone, which passes it on as files.
     holders = {name for name, svc in stack["services"].items()
                if PASSWORD_SENTINEL in yaml.safe_dump(svc.get("environment", {}))}
-    assert holders == {"clickhouse", "data-manager"}
+    assert holders == {"secrets-init"}
     for path in CONFIG_DIR.glob("*.yaml"):
         text = path.read_text()
         assert not re.search(r"^\s*(password|secret|token)\s*:", text, re.MULTILINE | re.IGNORECASE), path.name

@@ -37,16 +37,16 @@ DIFFERENT: dict[tuple[str, str], Any] = {
     ("tasks-init", "depends_on"): {"broker": HEALTHY, "log-restore": DONE},
     ("data-manager", "command"): ["dart", "data-manager", "--config", "/etc/dart/data-manager.yaml",
                                   "--dsn", "chdb:///data/chdb/store"],  # embedded chdb, not ClickHouse
-    ("data-manager", "volumes"): [ETC_DART, "blobs:/data/blobs:rw", "secrets:/run/dart-secrets:ro",
+    ("data-manager", "volumes"): [ETC_DART, "blobs:/data/blobs:rw", "data-manager-secrets:/run/dart-secrets:ro",
                                   "projection:/data/chdb:rw"],
-    ("data-manager", "depends_on"): WRITER,
+    ("data-manager", "depends_on"): {**WRITER, "secrets-init": DONE},
     ("archiver", "depends_on"): AFTER_RESTORE,
     ("env-worker", "depends_on"): WRITER,
     ("rollout-worker", "depends_on"): {**WRITER, "model-init": DONE},
     ("trainer", "depends_on"): {**WRITER, "model-init": DONE},
 }
-# Environment variables only the full file sets: the ClickHouse server's password.
-ENV_ONLY_FULL = {"data-manager": {"CLICKHOUSE_PASSWORD"}}
+# Environment variables only the full file sets (passwords reach no dart service's environment).
+ENV_ONLY_FULL: dict[str, set[str]] = {}
 # ... and every service's Prometheus port: Prometheus (a registry image) is only in the full file, and
 # on host networking one fixed port for every service would clash.
 ENV_ONLY_FULL_EVERYWHERE = {"DART_METRICS_PORT", "DART_METRICS_HOST"}
@@ -165,7 +165,8 @@ def test_every_named_volume_mount_point_is_made_by_the_image_for_its_user() -> N
     targets = set()
     for config in (full_config(), embedded_config()):
         for svc in config["services"].values():
-            if svc["image"].startswith("dart:"):
+            # secrets-init runs as root and sets the owner and mode of what it mounts itself.
+            if svc["image"].startswith("dart:") and svc.get("user") != "0:0":
                 targets |= {v.split(":")[1] for v in svc.get("volumes", []) if not v.startswith("/")}
     assert targets == {"/data/blobs", "/data/models", "/data/checkpoints", "/data/log", "/data/chdb",
                        "/run/dart-secrets"}
