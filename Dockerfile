@@ -68,12 +68,14 @@ RUN set -eux; \
 
 # The unprivileged user, and every mount point of the named volumes (docker-compose.yml and
 # deploy/compose/embedded.yml) owned by it: a fresh named volume takes the owner of the
-# directory it is mounted on, and is root's where the image has none.
+# directory it is mounted on, and is root's where the image has none. /run/dart-secrets-for/*:
+# where secrets-init (root) writes each consumer's volume before handing it to that uid.
 RUN set -eux; \
     useradd --create-home --uid 1000 --shell /bin/bash dart; \
     mkdir -p /data/blobs /data/models /data/checkpoints /data/log /data/chdb /run/dart-secrets /etc/dart; \
     chown dart:dart /data /data/blobs /data/models /data/checkpoints /data/log /data/chdb /run/dart-secrets; \
-    chmod 0700 /run/dart-secrets
+    chmod 0700 /run/dart-secrets; \
+    mkdir -p -m 0700 /run/dart-secrets-for/clickhouse /run/dart-secrets-for/data-manager
 
 # A virtualenv (Debian's python3 refuses system-wide installs, PEP 668); torch first, from the
 # index above, so that nothing below can resolve torch to another build. NOTE: the CPU image must
