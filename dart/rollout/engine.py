@@ -21,7 +21,9 @@ policy step asks of an engine); they are named here too for the engines.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+import asyncio
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dart.agent.decide import GenerateRequest as GenerateRequest  # re-exported for the engines
@@ -93,6 +95,34 @@ class Engine(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Stop background work and release resources."""
+
+
+@dataclass
+class Pending:
+    """A request waiting for a batching engine's next batch."""
+
+    request: GenerateRequest
+    future: asyncio.Future[Generation]
+    queued_at: float = field(default_factory=time.perf_counter)
+
+
+def deliver(batch: list[Pending], results: list[dict[str, Any] | BaseException], *, version: int,
+            newer: int | None, started: float, busy_s: float) -> int:
+    """Resolve each request of one batch run on ``version``: its Generation, or the error of its
+    row; a request whose caller has gone (future done) is skipped. Returns the requests answered."""
+    answered = 0
+    for pending, result in zip(batch, results, strict=True):
+        if pending.future.done():
+            continue
+        if isinstance(result, BaseException):
+            pending.future.set_exception(result)
+            continue
+        answered += 1
+        pending.future.set_result(Generation(
+            **result, policy_version=version, newer_version_seen=newer,
+            queue_s=started - pending.queued_at, generate_s=busy_s,
+        ))
+    return answered
 
 
 # ---------------------------------------------------------------- pure maths

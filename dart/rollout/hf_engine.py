@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dart.agent.model import Policy
@@ -32,6 +32,8 @@ from dart.rollout.engine import (
     EngineStats,
     GenerateRequest,
     Generation,
+    Pending,
+    deliver,
     draw_token,
     token_logprobs_entropies,
 )
@@ -56,13 +58,6 @@ class HFEngineConfig:
     def __post_init__(self) -> None:
         require(self.max_batch_size >= 1, "max_batch_size", f"must be >= 1, got {self.max_batch_size}")
         require(self.threads >= 0, "threads", f"must be >= 0, got {self.threads}")
-
-
-@dataclass
-class _Pending:
-    request: GenerateRequest
-    future: asyncio.Future[Generation]
-    queued_at: float = field(default_factory=time.perf_counter)
 
 
 class _RowSampler:
@@ -127,7 +122,7 @@ class HFEngine(Engine):
 
             torch.set_num_threads(self.cfg.threads)
         self._version = self.cfg.initial_version
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._queue: asyncio.Queue[Pending] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._lock = asyncio.Lock()  # held while the inference thread runs a batch or a swap
         self._batcher: asyncio.Task[None] | None = None
@@ -162,7 +157,7 @@ class HFEngine(Engine):
 
     async def generate(self, request: GenerateRequest) -> Generation:
         await self.start()
-        pending = _Pending(request=request, future=asyncio.get_running_loop().create_future())
+        pending = Pending(request=request, future=asyncio.get_running_loop().create_future())
         await self._queue.put(pending)
         return await pending.future
 
@@ -205,25 +200,10 @@ class HFEngine(Engine):
                 busy = time.perf_counter() - started
                 self._busy_s += busy
                 self._batches += 1
-            newer = self.newer_version_than(version)
-            for pending, result in zip(batch, results, strict=True):
-                if pending.future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    pending.future.set_exception(result)
-                    continue
-                self._requests += 1
-                pending.future.set_result(
-                    Generation(
-                        **result,
-                        policy_version=version,
-                        newer_version_seen=newer,
-                        queue_s=started - pending.queued_at,
-                        generate_s=busy,
-                    )
-                )
+            self._requests += deliver(batch, results, version=version, newer=self.newer_version_than(version),
+                                      started=started, busy_s=busy)
 
-    def _run_batch(self, batch: list[_Pending]) -> list[dict[str, Any] | BaseException]:
+    def _run_batch(self, batch: list[Pending]) -> list[dict[str, Any] | BaseException]:
         """Encode, generate and split one batch (on the inference thread)."""
         policy = self.policy
         results: list[dict[str, Any] | BaseException] = [EngineError("not run")] * len(batch)

@@ -25,7 +25,6 @@ import logging
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,8 @@ from dart.rollout.engine import (
     EngineStats,
     GenerateRequest,
     Generation,
+    Pending,
+    deliver,
     entropy_from_top_logprobs,
 )
 from dart.rollout.vllm_worker import RELOAD, WORKER_EXTENSION
@@ -53,13 +54,6 @@ LLM_DEFAULTS: dict[str, Any] = {
     "worker_extension_cls": WORKER_EXTENSION,
     "enable_prefix_caching": True,
 }
-
-
-@dataclass
-class _Pending:
-    request: GenerateRequest
-    future: asyncio.Future[Generation]
-    queued_at: float = field(default_factory=time.perf_counter)
 
 
 def sampling_params(vllm: Any, request: GenerateRequest) -> Any:
@@ -132,7 +126,7 @@ class VLLMEngine(Engine):
         self._tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self._version = initial_version
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._queue: asyncio.Queue[Pending] = asyncio.Queue()
         # one inference thread: batches and swaps never overlap, in the order they were started
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
         self._batcher: asyncio.Task[None] | None = None
@@ -154,7 +148,7 @@ class VLLMEngine(Engine):
 
     async def generate(self, request: GenerateRequest) -> Generation:
         await self.start()
-        pending = _Pending(request=request, future=asyncio.get_running_loop().create_future())
+        pending = Pending(request=request, future=asyncio.get_running_loop().create_future())
         await self._queue.put(pending)
         return await pending.future
 
@@ -177,20 +171,10 @@ class VLLMEngine(Engine):
                 continue
             self._busy_s += busy
             self._batches += 1
-            newer = self.newer_version_than(version)
-            for pending, result in zip(batch, results, strict=True):
-                if pending.future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    pending.future.set_exception(result)
-                    continue
-                self._requests += 1
-                pending.future.set_result(Generation(
-                    **result, policy_version=version, newer_version_seen=newer,
-                    queue_s=started - pending.queued_at, generate_s=busy,
-                ))
+            self._requests += deliver(batch, results, version=version, newer=self.newer_version_than(version),
+                                      started=started, busy_s=busy)
 
-    def _run_batch(self, batch: list[_Pending]) -> tuple[int, float, float, list[dict[str, Any] | BaseException]]:
+    def _run_batch(self, batch: list[Pending]) -> tuple[int, float, float, list[dict[str, Any] | BaseException]]:
         """One ``generate`` over the batch, on the inference thread; the version is read here,
         after any swap queued before it has finished."""
         version = self._version
