@@ -49,6 +49,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from dart.bus.config import BusConfig, BusSecurity
+from dart.bus.private_broker import splice
 from dart.bus.topics import CATALOGUE
 from dart.errors import BusError, ToolMissing
 
@@ -195,15 +196,7 @@ class TlsFront:
             writer.close()
             return
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError, ssl.SSLError, asyncio.IncompleteReadError):
-                while data := await src.read(1 << 16):
-                    dst.write(data)
-                    await dst.drain()
-            with contextlib.suppress(OSError, RuntimeError):
-                dst.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await splice(reader, writer, up_reader, up_writer)
 
     def stop(self) -> None:
         if self._loop is not None and self._thread is not None:

@@ -28,6 +28,22 @@ def loopback_up() -> None:
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | _IFF_UP))
 
 
+async def splice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> None:
+    """Copy bytes both ways between a client and its upstream until either side closes (a TLS
+    error is an OSError too); each direction closes the side it writes to when it ends."""
+
+    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await src.read(1 << 16):
+                dst.write(data)
+                await dst.drain()
+        with contextlib.suppress(OSError, RuntimeError):
+            dst.close()
+
+    await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
 async def relay(path: str, port: int, broker: subprocess.Popen[bytes]) -> None:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -36,15 +52,7 @@ async def relay(path: str, port: int, broker: subprocess.Popen[bytes]) -> None:
             writer.close()
             return
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-                while data := await src.read(1 << 16):
-                    dst.write(data)
-                    await dst.drain()
-            with contextlib.suppress(OSError, RuntimeError):
-                dst.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await splice(reader, writer, up_reader, up_writer)
 
     old = os.umask(0o177)  # the socket file is born 0600: only its owner connects
     try:
