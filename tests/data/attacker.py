@@ -2,8 +2,8 @@
 the system's python3: slowloris heads, idle connections, bodies never sent, 20-second queries
 whose clients hang up, parse bombs and compression bombs, each in a loop of its own.
 
-``python3 attacker.py URL STOP_FILE``: runs until STOP_FILE exists, then prints one JSON line
-of counts (what each loop sent and what it got back)."""
+``python3 attacker.py URL STOP_FILE``: prints ``ready`` once every loop runs, runs until
+STOP_FILE exists, then prints one JSON line of counts (what each loop sent and what it got back)."""
 
 from __future__ import annotations
 
@@ -89,11 +89,18 @@ def parse_bombs() -> None:
         count("parse_bomb_" + post(b"SELECT " + b"([" * 64 + b"1," * 16_000))  # the worst within the limits
 
 
-def compression_bombs() -> None:
+def deflate_bomb() -> bytes:
+    """64 MiB of zeros in 64 KiB: past both the inflate ratio and the body limit (32 MiB)."""
     z = zlib.compressobj(9)
-    bomb = b"".join(z.compress(bytes(1 << 20)) for _ in range(256)) + z.flush()  # 256 MiB of zeros
+    return b"".join(z.compress(bytes(1 << 20)) for _ in range(64)) + z.flush()
+
+
+BOMB = deflate_bomb()  # built before the attack begins (at nice 10 on a busy machine it takes a while)
+
+
+def compression_bombs() -> None:
     while not stopped():
-        count("deflate_bomb_" + post(bomb, {"Content-Encoding": "deflate"}))
+        count("deflate_bomb_" + post(BOMB, {"Content-Encoding": "deflate"}))
 
 
 loops = [threading.Thread(target=held_sockets, args=("slowloris", b"POST / HTTP/1.1\r\nHost: x\r\nX-A: ", 150)),
@@ -105,6 +112,7 @@ loops = [threading.Thread(target=held_sockets, args=("slowloris", b"POST / HTTP/
 for t in loops:
     t.daemon = True
     t.start()
+print("ready", flush=True)  # every loop runs: the caller times the attack from here
 while not stopped():
     time.sleep(0.2)
 for t in loops:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,12 @@ def test_the_endpoint_under_load_beside_a_short_dart_up(tmp_path: Path) -> None:
             ["nice", "-n", "10", "/usr/bin/python3" if as_nobody else sys.executable, "-c",
              (ROOT / "tests/data/attacker.py").read_text(), url, str(stop)], user=65534 if as_nobody else None, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, cwd="/")
+        assert attacker.stdout is not None
+        # Count from when every loop of the attack runs (building its payloads at nice 10 on a busy
+        # machine once took until the run had ended: no bomb reached the endpoint).
+        ready = select.select([attacker.stdout], [], [], 120)[0]
+        assert ready and attacker.stdout.readline().strip() == "ready", "the attacker never started"
+        assert up.poll() is None, "the run ended before the attack began"
         time.sleep(2.0)  # let the attack build up
         while up.poll() is None and marker.exists():
             result = probe(url)
