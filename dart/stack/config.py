@@ -156,6 +156,9 @@ class StackConfig(RunConfig):
                           model_dir=policy_dir(run.recipe, workdir=workdir, warm_model=run.warm_model,
                                                osworld=osworld),
                           downloads=downloads_root(run.tasks) if osworld else None)
+        # The trainer stops itself at the run's update budget (the stack's watch alone can see a
+        # second update land before it stops the services).
+        preset = dataclasses.replace(preset, trainer=dataclasses.replace(preset.trainer, max_updates=run.max_updates))
         return merge(defaults_of(cls), {**as_mapping(run), **{name: as_mapping(getattr(preset, name))
                                                                for name in ("env", "rollout", "trainer", "data")}})
 

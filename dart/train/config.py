@@ -93,6 +93,9 @@ class TrainerConfig:
     """Number of newest checkpoints kept on disk (older ones are deleted)."""
     publish_every: int = 1
     """Publish the policy weights after every N-th update (the first and initial weights always)."""
+    max_updates: int = 0
+    """Take no batch after this many updates in all (0: no limit): the trainer then idles until
+    stopped, and the batches after stay uncommitted in the log for a run resumed with a higher cap."""
     prompt: PromptConfig = field(default_factory=PromptConfig)
     """Prompt settings: must equal the rollout workers' (a mismatch shows as dropped samples,
     ``samples/dropped_prompt_hash``)."""
@@ -121,3 +124,4 @@ class TrainerConfig:
         require(self.ppo_minibatches >= 1, "ppo_minibatches", f"must be >= 1, got {self.ppo_minibatches}")
         require(self.keep_checkpoints >= 1, "keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
         require(self.publish_every >= 1, "publish_every", f"must be >= 1, got {self.publish_every}")
+        require(self.max_updates >= 0, "max_updates", f"must be >= 0, got {self.max_updates}")

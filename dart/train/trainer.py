@@ -175,6 +175,13 @@ class Trainer:
                                  blobs=blobs, train_step=self.state.step, batch_id=self.state.batch_id)
 
 
+class _Signalled(asyncio.Event):
+    """Set by SIGTERM/SIGINT (``stop_on_signals`` calls ``stop``)."""
+
+    def stop(self) -> None:
+        self.set()
+
+
 async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
     """Run the trainer until SIGTERM/SIGINT; raises TrainerHalted when an update failed midway."""
     blobs = open_store(cfg.blobs)
@@ -182,6 +189,9 @@ async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
     producer = Producer(bus, client_id=cfg.worker_id)
     if trainer.state.weights_are_version:                                      # v0, or re-announce after a crash
         await producer.send(await asyncio.to_thread(trainer.publish))
+
+    def capped() -> bool:
+        return 0 < cfg.max_updates <= trainer.state.step
 
     async def on_batch(delivered: Delivered) -> None:
         event = delivered.event
@@ -197,6 +207,10 @@ async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
             if trainer.state.weights_are_version:
                 await producer.send(await asyncio.to_thread(trainer.publish))   # rollout workers swap
             await producer.send(report)
+            if capped():
+                log.info("update %d of max_updates=%d done: taking no more batches, idle until stopped",
+                         trainer.state.step, cfg.max_updates)
+                consumer.stop()
         except Exception as exc:
             raise TrainerHalted(f"update on batch {event.batch_id} failed ({type(exc).__name__}: {exc}); "
                                 f"restart the trainer: it resumes from {trainer.last_checkpoint}") from exc
@@ -205,9 +219,15 @@ async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
     # broker request 50 times a second for nothing).
     consumer = Consumer(bus, topics=[bus.topics.batches], group=cfg.group, handler=on_batch,
                         producer=producer, client_id=cfg.worker_id, fetch_max_wait_ms=SLOW_FETCH_WAIT_MS)
-    stop_on_signals(consumer)
+    signalled = _Signalled()
+    stop_on_signals(consumer, signalled)
     try:
-        await consumer.run()
+        if not capped():
+            # After the capping update the consumer commits it and stops: the batches after stay
+            # uncommitted in the log, for a run resumed with a higher cap.
+            await consumer.run()
+        if capped():  # idle rather than exit: a supervisor restarts a service that exits
+            await signalled.wait()
     finally:
         await asyncio.to_thread(producer.flush)
         if "transfer" in vars(trainer):  # tell a weights group's workers (they rejoin the next trainer)

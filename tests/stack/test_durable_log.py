@@ -22,7 +22,7 @@ from dart.log.check import verify
 from dart.stack.config import StackConfig
 from dart.stack.up import up
 
-pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def dart(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -141,3 +141,36 @@ async def test_sigkilled_trainer_resumes_to_the_same_weights_as_an_uninterrupted
     steps = [e for e in await events_of(bus, bus.topics.metrics, "trainer-b") if isinstance(e, TrainStepCompleted)]
     assert len({e.batch_id for e in steps}) == len(steps) and len(steps) >= BATCHES - 1
     assert all(e.metrics["samples/dropped_prompt_hash"] == 0 and e.tokens_per_s > 0 for e in steps)
+
+
+async def test_a_trainer_at_max_updates_takes_no_more_batches_idles_and_a_higher_cap_resumes_the_rest(
+        bus, tiny_dir, tiny_policy, tmp_path) -> None:
+    store = LocalBlobStore(tmp_path / "blobs")
+    await publish_batches(bus, store, tiny_policy)
+    config, log, ckpt = tmp_path / "c.yaml", tmp_path / "c.log", tmp_path / "ckpt-c"
+    write_config(config, tiny_dir=tiny_dir, store=store, ckpt=ckpt, bus=bus, name="trainer-c")
+    capped = yaml.safe_load(config.read_text())
+    capped["train"]["max_updates"] = 2
+    config.write_text(yaml.safe_dump(capped))
+    proc = start(config, log)
+    try:
+        wait_for_seq(ckpt, 1, proc, log)
+        time.sleep(3.0)  # every batch is on the topic: an uncapped trainer would take them meanwhile
+        assert proc.poll() is None, "a capped trainer idles (a supervisor would restart one that exits)"
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    state = read_state(latest_checkpoint(ckpt))
+    assert (state.step, state.seq) == (2, 1)
+    assert "max_updates=2 done: taking no more batches" in log.read_text()
+
+    # The batches after the cap were left in the log: a higher cap takes exactly them.
+    capped["train"]["max_updates"] = 4
+    config.write_text(yaml.safe_dump(capped))
+    proc = start(config, log)
+    try:
+        wait_for_seq(ckpt, BATCHES - 1, proc, log)
+    finally:
+        stop(proc)
+    state = read_state(latest_checkpoint(ckpt))
+    assert (state.step, state.seq, state.version) == (4, 3, 4)
