@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Two Kafka client libraries, on purpose for now: the consumers on aiokafka (an asyncio client:
-# their rebalance listeners await the commit of what is done before a partition is let go, and
-# their end-of-log and lag checks read its cached high watermarks), the producer, the admin client
-# and the archive tools (synchronous, dart/log) on confluent-kafka (librdkafka). Measured with
-# benchmarks/kafka_clients.py (dev broker, 2 shared cores; figures and command in the module's
-# docstring): librdkafka consumes at least as fast and answers a reply as fast, and its producer is
-# the faster one, while aiokafka's idempotent producer does not start on the dev broker. So the
-# one library to converge on is librdkafka; moving these two classes is the open step.
+# Two Kafka client libraries, measured (benchmarks/kafka_clients.py; figures in benchmarks/README.md):
+# the producer stays on confluent-kafka (librdkafka), which produced 2.4-2.8x the events/s of
+# aiokafka's producer, and aiokafka's idempotent producer does not even start on the dev broker;
+# the consumers are on aiokafka, where neither library consumed or answered a reply faster (the
+# medians swap places between runs; the round trip is within a few per cent). So one library
+# means these two classes moving to librdkafka, at no measured cost: the open step. They are on
+# aiokafka today because their rebalance listeners await the commit of what is done before a
+# partition is let go, and their end-of-log and lag checks read its cached high watermarks.
 from aiokafka import AIOKafkaConsumer
 
 from dart.bus.config import BusConfig
