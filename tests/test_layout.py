@@ -371,3 +371,89 @@ def test_dart_guest_agent_as_a_vm_runs_it_loads_only_the_agent() -> None:
     loaded = set(modules.split())
     assert loaded - GUEST_AGENT_MODULES == {"dart.cli", "dart.config", "dart.env.guest_agent.cli"}
     assert heavy == "False False False False"
+
+
+# ---------------------------------------------------------------- two consumer classes
+
+CONSUMER_MAKERS = {("aiokafka", "AIOKafkaConsumer"), ("aiokafka.consumer", "AIOKafkaConsumer"),
+                   ("confluent_kafka", "Consumer"), ("confluent_kafka", "DeserializingConsumer"),
+                   ("confluent_kafka.aio", "AIOConsumer"), ("dart.bus.records", "kafka_consumer")}
+"""What makes a Kafka consumer client: the client libraries' consumer types, and dart's one factory of them."""
+CONSUMER_PLACES = {
+    "dart/bus/records.py:kafka_consumer": "the factory the two bus consumers get their client from",
+    "dart/bus/consumer.py:Consumer": "ordered: records handled in partition order, committed after the effect",
+    "dart/bus/unordered.py:UnorderedConsumer": "unordered: records handed out and committed up to the lowest "
+                                               "unfinished; with no group, read_topic and the reply inbox",
+    "dart/log/archiver.py:Archiver": "the archive is its position (no group); synchronous, beside the bus",
+    "dart/log/restore.py:end_offsets": "a broker rebuilt from the archive: where each partition ends",
+    "dart/log/restore.py:restore_groups": "a broker rebuilt from the archive: the groups' offsets back",
+}
+"""The top-level classes and functions of dart/ that make a Kafka consumer, each with its reason.
+In dart/bus exactly two classes: another consumer is a mode of one of them, not a third."""
+
+
+def makes_a_consumer(call: ast.Call, names: set[str], modules: dict[str, str]) -> bool:
+    """Whether ``call`` calls a consumer maker imported as one of ``names`` or through a module
+    imported as a key of ``modules`` (``import confluent_kafka as ck``: ``ck.Consumer``)."""
+    f = call.func
+    if isinstance(f, ast.Name):
+        return f.id in names
+    return (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+            and (modules.get(f.value.id), f.attr) in CONSUMER_MAKERS)
+
+
+def consumer_places(tree: Tree) -> dict[str, int]:
+    """``path:Name`` of each top-level class or function that makes a Kafka consumer (directly, by
+    an alias, through a module alias or through dart's factory), with the line of the first call."""
+    found: dict[str, int] = {}
+    for path in tree.files():
+        text = path.read_text()
+        if "kafka" not in text:  # every maker's module or name says so: parse only those files
+            continue
+        module = ast.parse(text)
+        names: set[str] = set()
+        modules: dict[str, str] = {}
+        for node in ast.walk(module):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names |= {a.asname or a.name for a in node.names if (node.module, a.name) in CONSUMER_MAKERS}
+            elif isinstance(node, ast.Import):
+                modules |= {a.asname or a.name: a.name for a in node.names}
+
+        for stmt in module.body:
+            calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and makes_a_consumer(n, names, modules)]
+            if calls:
+                name = getattr(stmt, "name", "<module>")
+                found.setdefault(f"{path.relative_to(tree.root)}:{name}", calls[0].lineno)
+    return found
+
+
+def test_dart_makes_kafka_consumers_in_two_bus_classes_and_the_archive_tools_only() -> None:
+    found = consumer_places(DART)
+    extra = {p: line for p, line in found.items() if p not in CONSUMER_PLACES}
+    assert not extra, ("a Kafka consumer of its own; read with dart.bus.Consumer (ordered) or "
+                       "dart.bus.UnorderedConsumer (unordered; group=None reads assigned partitions and commits "
+                       f"nothing), or add it to CONSUMER_PLACES with its reason: {extra}")
+    assert set(found) == set(CONSUMER_PLACES), f"CONSUMER_PLACES names places that no longer make one: " \
+                                               f"{sorted(set(CONSUMER_PLACES) - set(found))}"
+    assert sorted(p for p in found if p.startswith("dart/bus/") and p[p.index(":") + 1].isupper()) == [
+        "dart/bus/consumer.py:Consumer", "dart/bus/unordered.py:UnorderedConsumer"]
+
+
+def test_a_third_consumer_is_found_however_it_makes_its_client(tmp_path: Path) -> None:
+    tree = write_tree(tmp_path, {
+        "bus/records.py": "from aiokafka import AIOKafkaConsumer\n\ndef kafka_consumer(cfg):\n"
+                          "    return AIOKafkaConsumer(cfg)\n",
+        "bus/consumer.py": "from dart.bus.records import kafka_consumer\n\nclass Consumer:\n"
+                           "    async def run(self):\n        self.c = kafka_consumer(self.cfg)\n",
+        "bus/reply.py": "from dart.bus.records import kafka_consumer\n\nclass ReplyInbox:\n"
+                        "    async def start(self):\n        self.c = kafka_consumer(self.cfg)\n",
+        "bus/follow.py": "import confluent_kafka as ck\n\ndef follow_topics(bus):\n    return ck.Consumer({})\n",
+        "bus/tail.py": "from aiokafka import AIOKafkaConsumer as Reader\n\nclass Tail:\n"
+                       "    def __init__(self):\n        def client():\n            return Reader()\n"
+                       "        self.c = client()\n",
+        "bus/unordered.py": "from dart.bus.consumer import Consumer\n\nclass Inbox:\n"
+                            "    def __init__(self):\n        self.c = Consumer()\n",  # a use of one: no third
+    })
+    found = consumer_places(tree)
+    assert {p: line for p, line in found.items() if p not in CONSUMER_PLACES} == {
+        "dart/bus/follow.py:follow_topics": 4, "dart/bus/reply.py:ReplyInbox": 5, "dart/bus/tail.py:Tail": 6}

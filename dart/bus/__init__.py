@@ -2,15 +2,9 @@
 
 from dart.bus.broker import DevBroker, broker_answers, ensure_topics, free_port, tansu_binary
 from dart.bus.config import BusConfig, BusSecurity
-from dart.bus.consumer import (
-    SLOW_FETCH_WAIT_MS,
-    Consumer,
-    Delivered,
-    dead_letter,
-    read_topic,
-    stop_on_signals,
-)
+from dart.bus.consumer import SLOW_FETCH_WAIT_MS, Consumer, read_topic, stop_on_signals
 from dart.bus.producer import REPLY_TO_HEADER, Producer, RecordMeta
+from dart.bus.records import Delivered, dead_letter
 from dart.bus.reply import ReplyInbox, reply_partition
 from dart.bus.topics import CATALOGUE, Topics, TopicSpec
 from dart.bus.unordered import OffsetWatermark, Taken, UnorderedConsumer

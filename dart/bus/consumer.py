@@ -16,8 +16,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -26,25 +25,13 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from dart.bus import prom
 from dart.bus.config import BusConfig
 from dart.bus.producer import Producer
+from dart.bus.records import Delivered, at_end, dead_letter, kafka_consumer
+from dart.bus.unordered import UnorderedConsumer
 from dart.config import event_log_fields, log_context
 from dart.errors import DecodeError
-from dart.events import DeadLetter, Event, decode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Delivered:
-    """An event with where it came from."""
-
-    event: Event
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    headers: dict[str, bytes] = field(default_factory=dict)
-    timestamp_ms: int = 0
 
 
 Handler = Callable[[Delivered], Awaitable[None]]
@@ -114,8 +101,6 @@ class Consumer:
         self.handler = handler
         self.batch_handler = batch_handler
         self.raw_batch_handler = raw_batch_handler
-        # NOTE: Tansu answers "latest" with a wrong offset; new groups start from the earliest
-        # record unless told otherwise, and resume from their committed offsets after that.
         self.from_beginning = from_beginning
         self.max_batch = max_batch
         self.handler_retries = handler_retries
@@ -184,17 +169,8 @@ class Consumer:
         return self._producer
 
     async def run(self) -> None:
-        consumer = AIOKafkaConsumer(**self.cfg.aiokafka(
-            group_id=self.group,
-            client_id=self.client_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest" if self.from_beginning else "latest",
-            session_timeout_ms=self.cfg.session_timeout_ms,
-            heartbeat_interval_ms=self.cfg.heartbeat_interval_ms,
-            fetch_max_wait_ms=self.fetch_max_wait_ms,
-            max_partition_fetch_bytes=self.cfg.max_message_bytes,
-            fetch_max_bytes=self.cfg.max_message_bytes * 4,
-        ))
+        consumer = kafka_consumer(self.cfg, group=self.group, client_id=self.client_id,
+                                  from_beginning=self.from_beginning, fetch_max_wait_ms=self.fetch_max_wait_ms)
         consumer.subscribe(self.topics, listener=_Assigned(self.started, self.group))
         await consumer.start()
         try:
@@ -225,7 +201,7 @@ class Consumer:
                     if self._stopping.is_set():
                         break
                     await self._consume(consumer, tp, records)
-                if (not self.reached_end.is_set() or self._watch_end) and await _at_end(consumer):
+                if (not self.reached_end.is_set() or self._watch_end) and await at_end(consumer):
                     self.reached_end.set()
                     self._end_fetch_started = fetch_started
         finally:
@@ -352,12 +328,10 @@ class Consumer:
 
     async def _decode(self, rec: Any) -> Delivered | None:
         try:
-            event = decode(rec.value)
+            return Delivered.decoded(rec)
         except DecodeError as exc:
             await self._dead_letter(rec, "decode", exc)
             return None
-        return Delivered(event, rec.topic, rec.partition, rec.offset, rec.key, dict(rec.headers or ()),
-                         rec.timestamp)
 
     async def _retrying(self, fn: Callable[[Any], Awaitable[T]], arg: Any) -> T:
         for attempt in range(self.handler_retries + 1):
@@ -385,94 +359,64 @@ class Consumer:
         await self.producer.send(letter, topic=self.cfg.topics.dlq)
 
 
-def dead_letter(rec: Any, *, run_id: str, producer: str, group: str, stage: str, exc: BaseException,
-                max_value_bytes: int) -> DeadLetter:
-    """The DLQ record for a consumed record ``rec`` that failed at ``stage``.
-
-    The original bytes go along, cut to ``max_value_bytes``: a poison record as large as the
-    broker allows would otherwise make its own dead letter too large to produce, and the
-    consumer would stop on the record it was meant to route around.
-    """
-    value = rec.value or b""
-    error = f"{exc}"[:4000]
-    if len(value) > max_value_bytes:
-        error = f"{error} [value cut from {len(value)} to {max_value_bytes} bytes]"
-        value = value[:max_value_bytes]
-    return DeadLetter.new(run_id=run_id, producer=producer, source_topic=rec.topic, partition=rec.partition,
-                          offset=rec.offset, key=rec.key, value=value, stage=stage, error_type=type(exc).__name__,
-                          error=error, consumer_group=group)
-
-
-async def _at_end(consumer: AIOKafkaConsumer) -> bool:
-    """Whether every assigned partition's position has reached its last reported high watermark."""
-    tps = consumer.assignment()
-    if not tps:
-        return False
-    for tp in tps:
-        hw = consumer.highwater(tp)
-        if hw is None or await consumer.position(tp) < hw:
-            return False
-    return True
-
-
 async def read_topic(
     cfg: BusConfig,
-    topic: str,
+    topic: str | Sequence[str],
     *,
     max_records: int | None = None,
     idle_timeout_s: float = 2.0,
-    follow: bool = False,
+    follow: bool | Callable[[], bool] = False,
+    end_timeout_s: float | None = None,
     on_error: Callable[[Any, DecodeError], None] | None = None,
-) -> Any:
-    """Yield Delivered events of every partition of ``topic`` from the earliest offset, without
-    a consumer group; stop at the end of the log (or after ``max_records``), or keep following."""
-    consumer = AIOKafkaConsumer(**cfg.aiokafka(
-        enable_auto_commit=False,
-        fetch_max_wait_ms=cfg.fetch_max_wait_ms,
-        max_partition_fetch_bytes=cfg.max_message_bytes,
-    ))
-    await consumer.start()
-    seen = 0
+    after_fetch: Callable[[], None] | None = None,
+    fetch_max_wait_ms: int | None = None,
+) -> AsyncIterator[Delivered]:
+    """Yield the Delivered events of every partition of ``topic`` (a name, or several) from the
+    first offset, without a consumer group (nothing is committed): until the end of the log, or
+    ``max_records``, or ``idle_timeout_s`` without a record. ``follow``: read on past the end while
+    it is true (a function is asked after each fetch: the metrics sink follows until it is told to
+    stop), then on to the end, for at most ``end_timeout_s``. Records that do not decode go to
+    ``on_error`` (the consumers that own the topic dead-letter them); ``after_fetch`` is called
+    after each fetch, records or none (a reader that flushes on time, not only on records).
+    ``fetch_max_wait_ms``: as :class:`Consumer`'s."""
+    following = follow if callable(follow) else lambda: follow
+    topics = [topic] if isinstance(topic, str) else list(topic)
+    reader = UnorderedConsumer(cfg, group=None, max_records=1000, on_undecodable=on_error,
+                                fetch_max_wait_ms=fetch_max_wait_ms)
+    await reader.start()
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        if not parts:
-            await consumer.force_metadata_update()
-            parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        if not tps:
+        start = {(t, p): None for t in topics for p in await reader.partitions(t)}
+        if not start:
+            while following():  # nothing to read yet; a follower waits to be told to stop
+                await asyncio.sleep(0.2)
             return
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        idle_since = asyncio.get_running_loop().time()
+        await reader.assign(start)
+        loop = asyncio.get_running_loop()
+        seen = 0
+        idle_since = loop.time()
+        ending_since: float | None = None
         while True:
-            batch = await consumer.getmany(timeout_ms=100, max_records=1000)
-            now = asyncio.get_running_loop().time()
-            for records in batch.values():
-                for rec in records:
-                    try:
-                        event = decode(rec.value)
-                    except DecodeError as exc:
-                        if on_error:
-                            on_error(rec, exc)
-                        continue
-                    yield Delivered(event, rec.topic, rec.partition, rec.offset, rec.key,
-                                    dict(rec.headers or ()), rec.timestamp)
-                    seen += 1
-                    if max_records is not None and seen >= max_records:
-                        return
+            before = reader.fetched
+            for taken in await reader.take():
+                yield taken.delivered
+                seen += 1
+                if max_records is not None and seen >= max_records:
+                    return
+            now = loop.time()
+            if after_fetch is not None:
+                after_fetch()
+            fetched = reader.fetched > before
+            if fetched:
                 idle_since = now
-            if follow:
+            if following():
                 continue
-            # The fetch response's high watermark is right on Tansu (its ListOffsets "latest" is not).
-            at_end = True
-            for tp in tps:
-                hw = consumer.highwater(tp)
-                if hw is None or await consumer.position(tp) < hw:
-                    at_end = False
-            if (at_end and not batch) or now - idle_since > idle_timeout_s:
+            ending_since = now if ending_since is None else ending_since
+            if end_timeout_s is not None and now - ending_since > end_timeout_s:
+                return
+            if (not fetched and await reader.at_end()) or now - idle_since > idle_timeout_s:
                 return
     finally:
-        await consumer.stop()
+        await reader.stop()
 
 
 def stop_on_signals(*stoppables: Any) -> None:

@@ -13,6 +13,9 @@ workers on 4 partitions), and the whole fleet reads W / P times the reply traffi
 partition per worker (``bus.partitions["rollout.actions"]`` >= workers, worker i on partition
 i) each reads only its own: ``read_amplification`` stays 1 whatever the number of workers.
 
+The inbox reads with an :class:`~dart.bus.unordered.UnorderedConsumer` of no group: one assigned
+partition, nothing committed (a restarted worker asks again; old answers are nobody's).
+
 NOTE: the start offset is the offset of a marker record the inbox produces itself (a
 ``WorkerHeartbeat``), because Tansu's ListOffsets("latest") is wrong; the delivery report's
 offset is exact on every broker.
@@ -29,14 +32,12 @@ import zlib
 from collections import deque
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
-from dart.bus import prom
 from dart.bus.config import BusConfig
 from dart.bus.producer import REPLY_TO_HEADER, Producer
 from dart.bus.topics import Topics
+from dart.bus.unordered import UnorderedConsumer
 from dart.errors import ConfigError, DecodeError
-from dart.events import Event, ReplyRoute, WorkerHeartbeat, decode
+from dart.events import Event, ReplyRoute, WorkerHeartbeat
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +60,27 @@ class ReplyInbox:
         self._own_producer = producer is None
         self._waiting: dict[str, asyncio.Future[Event]] = {}
         self._early: dict[str, Event] = {}
-        self._consumer: AIOKafkaConsumer | None = None
+        me = worker_id.encode()
+        self._reader = UnorderedConsumer(cfg, group=None, client_id=f"{worker_id}-inbox", max_records=None,
+                                         wanted=lambda headers: headers.get(REPLY_TO_HEADER) == me,
+                                         on_undecodable=self._undecodable)
         self._task: asyncio.Task[None] | None = None
         self._route: ReplyRoute | None = None
-        self.ignored = 0
-        """Records read that were not a reply to this worker (another worker's, or markers)."""
-        self.read = 0
-        """Every record read from the reply partition."""
+        self._uncorrelated = 0
         self.waits_s: deque[float] = deque(maxlen=100_000)
         """Seconds from ``expect()`` (just before the request is produced) to the answer's
         delivery, for the latest answers: bus overhead plus the policy's own time."""
         self._asked: dict[str, float] = {}
+
+    @property
+    def read(self) -> int:
+        """Every record read from the reply partition."""
+        return self._reader.fetched
+
+    @property
+    def ignored(self) -> int:
+        """Records read that were not a reply to this worker (another worker's, or markers)."""
+        return self._reader.passed_over + self._uncorrelated
 
     @property
     def read_amplification(self) -> float:
@@ -84,25 +95,13 @@ class ReplyInbox:
         return self._route
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(**self.cfg.aiokafka(
-            enable_auto_commit=False,
-            fetch_max_wait_ms=self.cfg.fetch_max_wait_ms,
-            max_partition_fetch_bytes=self.cfg.max_message_bytes,
-        ))
-        await self._consumer.start()
-        parts = self._consumer.partitions_for_topic(self.topic)
-        if not parts:
-            await self._consumer.force_metadata_update()
-            parts = self._consumer.partitions_for_topic(self.topic)
-        if not parts:
-            raise RuntimeError(f"reply topic {self.topic} does not exist (run `dart topics ensure`)")
-        partition = self.partition if self.partition is not None else reply_partition(self.worker_id, len(parts))
+        await self._reader.start()
+        parts = await self._reader.partitions(self.topic)
+        partition = self.partition if self.partition is not None else reply_partition(self.worker_id, len(parts) or 1)
         if not 0 <= partition < len(parts):
-            # NOTE: aiokafka's stop() raises CancelledError if its own background task has not
-            # run once yet; let it run first.
-            await asyncio.sleep(0)
-            await self._consumer.stop()
-            self._consumer = None
+            await self._reader.stop()
+            if not parts:
+                raise RuntimeError(f"reply topic {self.topic} does not exist (run `dart topics ensure`)")
             raise ConfigError(f"{self.worker_id}: reply partition {partition} but {self.topic} has {len(parts)} "
                               f"partitions; raise bus.partitions['rollout.actions'] to at least the number of "
                               f"env workers (an existing topic keeps its partitions: recreate it)")
@@ -115,38 +114,23 @@ class ReplyInbox:
         )
         meta = await self._producer.send(marker, topic=self.topic, partition=partition,
                                          key=Topics.key_of(marker))
-        tp = TopicPartition(self.topic, partition)
-        self._consumer.assign([tp])
-        self._consumer.seek(tp, meta.offset + 1)
+        await self._reader.assign({(self.topic, partition): meta.offset + 1})
         self._route = ReplyRoute(topic=self.topic, partition=partition, worker_id=self.worker_id)
         self._task = asyncio.create_task(self._read(), name=f"inbox-{self.worker_id}")
         log.info("%s: reply inbox on %s[%d] from offset %d", self.worker_id, self.topic, partition, meta.offset + 1)
 
     async def _read(self) -> None:
-        assert self._consumer is not None
-        me = self.worker_id.encode()
         while True:
-            batch = await self._consumer.getmany(timeout_ms=1000)
-            prom.consumed(f"{self.worker_id}-inbox", batch)  # no group: the inbox reads its partition by itself
-            await prom.lag(self._consumer, f"{self.worker_id}-inbox")
-            for records in batch.values():
-                self.read += len(records)
-                for rec in records:
-                    headers = dict(rec.headers or ())
-                    if headers.get(REPLY_TO_HEADER) != me:
-                        self.ignored += 1
-                        continue
-                    try:
-                        event = decode(rec.value)
-                    except DecodeError as exc:
-                        log.error("%s: undecodable reply at %d: %s", self.worker_id, rec.offset, exc)
-                        continue
-                    self._deliver(event)
+            for taken in await self._reader.take():
+                self._deliver(taken.delivered.event)
+
+    def _undecodable(self, rec: Any, exc: DecodeError) -> None:
+        log.error("%s: undecodable reply at %d: %s", self.worker_id, rec.offset, exc)
 
     def _deliver(self, event: Event) -> None:
         corr = getattr(event, "in_reply_to", None)
         if corr is None:
-            self.ignored += 1
+            self._uncorrelated += 1
             return
         asked = self._asked.pop(corr, None)
         if asked is not None:
@@ -184,8 +168,7 @@ class ReplyInbox:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
+        await self._reader.stop()
         if self._own_producer and self._producer is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._producer.close)
 

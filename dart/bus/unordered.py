@@ -9,13 +9,18 @@ may be committed. A rebalance commits what is done in the partitions it takes aw
 records of those partitions still waiting in the worker become stale
 (:meth:`~UnorderedConsumer.current` says so): another member now owns them and redoes them from
 the committed offset.
+
+With no group (``group=None``) the same consumer is a plain reader: it reads the partitions it is
+:meth:`~UnorderedConsumer.assign`-ed from the offsets given and commits nothing. ``read_topic``
+(a topic from its first offset to its end, or on) and the env worker's reply inbox (one
+partition, from the inbox's own marker) read this way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +29,9 @@ from aiokafka.errors import CommitFailedError, KafkaError
 
 from dart.bus import prom
 from dart.bus.config import BusConfig
-from dart.bus.consumer import Delivered, dead_letter
 from dart.bus.producer import Producer
+from dart.bus.records import Delivered, at_end, dead_letter, kafka_consumer
 from dart.errors import DecodeError
-from dart.events import decode
 
 log = logging.getLogger(__name__)
 
@@ -114,63 +118,114 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 class UnorderedConsumer:
-    """A member of consumer group ``group`` on ``topic`` whose records finish in any order.
+    """A member of consumer group ``group`` on ``topic`` whose records finish in any order, or
+    with ``group=None`` a reader of the partitions it is assigned that commits nothing.
 
-    ``start`` joins the group; ``take`` returns the next records (at most ``max_records``; a
-    record that does not decode goes to the dead-letter topic and is done at once); ``done``
-    marks one finished, and :meth:`commits` (run it as a task) commits each partition up to its
-    lowest unfinished offset as soon as that moves. ``stop`` leaves the group: whatever was not
-    done is redone by another member.
+    ``start`` joins the group; ``take`` returns the next records (at most ``max_records``, None:
+    what is there); ``done`` marks one finished, and :meth:`commits` (run it as a task) commits
+    each partition up to its lowest unfinished offset as soon as that moves. ``stop`` leaves the
+    group: whatever was not done is redone by another member. A record that does not decode goes
+    to the dead-letter topic and is done at once (with no group, to ``on_undecodable``: the
+    reader does not own the topic). A record whose headers ``wanted`` refuses is passed over
+    undecoded (the reply inbox skips other workers' answers).
     """
 
-    def __init__(self, cfg: BusConfig, *, topic: str, group: str, client_id: str, producer: Producer,
-                 run_id: str, max_records: int = 1) -> None:
+    def __init__(self, cfg: BusConfig, *, group: str | None, topic: str | None = None, client_id: str | None = None,
+                 producer: Producer | None = None, run_id: str | None = None, max_records: int | None = 1,
+                 wanted: Callable[[dict[str, bytes]], bool] | None = None,
+                 on_undecodable: Callable[[Any, DecodeError], None] | None = None,
+                 fetch_max_wait_ms: int | None = None) -> None:
+        if group is not None and (topic is None or producer is None):
+            raise ValueError("a group member needs its topic and a producer (for the dead-letter topic)")
+        if group is None and topic is not None:
+            raise ValueError("a reader with no group reads what it is assigned: give no topic")
         self.cfg = cfg
         self.topic = topic
         self.group = group
         self.client_id = client_id
         self.producer = producer
-        self.run_id = run_id
+        self.run_id = run_id or cfg.prefix
         self.max_records = max_records
+        self.wanted = wanted
+        self.on_undecodable = on_undecodable
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        """None: the bus's (short: replies ride on it); a reader in no hurry asks for longer."""
+        self.label = group or client_id
+        """Metrics label of the records read (none for an anonymous reader)."""
         self.watermark = OffsetWatermark()
         self.assigned = asyncio.Event()
         """Set once the group gave this member partitions."""
+        self.fetched = 0
+        """Records read, passed over and undecodable ones included."""
+        self.passed_over = 0
+        """Records ``wanted`` refused."""
         self._generations: dict[int, int] = {}
         self._commit_wanted = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(**self.cfg.aiokafka(
-            group_id=self.group, client_id=self.client_id, enable_auto_commit=False, auto_offset_reset="earliest",
-            session_timeout_ms=self.cfg.session_timeout_ms, heartbeat_interval_ms=self.cfg.heartbeat_interval_ms,
-            fetch_max_wait_ms=self.cfg.fetch_max_wait_ms, max_partition_fetch_bytes=self.cfg.max_message_bytes,
-        ))
-        self._consumer.subscribe([self.topic], listener=_Rebalance(self))
+        self._consumer = kafka_consumer(self.cfg, group=self.group, client_id=self.client_id,
+                                        fetch_max_wait_ms=self.fetch_max_wait_ms)
+        if self.group is not None:
+            self._consumer.subscribe([self.topic], listener=_Rebalance(self))
         await self._consumer.start()
 
     async def stop(self) -> None:
         if self._consumer is not None:
+            # NOTE: aiokafka's stop() raises CancelledError if its own background task has not run
+            # once yet (a reader stopped right after it started); let it run first.
+            await asyncio.sleep(0)
             await self._consumer.stop()  # leaves the group: the others take over at once
+            self._consumer = None
+
+    async def partitions(self, topic: str) -> list[int]:
+        """The partitions of ``topic`` (none if it does not exist)."""
+        assert self._consumer is not None, "start() first"
+        parts = self._consumer.partitions_for_topic(topic)
+        if not parts:
+            await self._consumer.force_metadata_update()
+            parts = self._consumer.partitions_for_topic(topic)
+        return sorted(parts or ())
+
+    async def assign(self, start: Mapping[tuple[str, int], int | None]) -> None:
+        """With no group: read these ``(topic, partition)``s from these offsets (None: the first)."""
+        assert self._consumer is not None and self.group is None, "a reader with no group, started"
+        tps = {TopicPartition(t, p): offset for (t, p), offset in start.items()}
+        self._consumer.assign(list(tps))
+        for tp, offset in tps.items():
+            if offset is None:
+                await self._consumer.seek_to_beginning(tp)
+            else:
+                self._consumer.seek(tp, offset)
+
+    async def at_end(self) -> bool:
+        """Whether every owned partition was read up to the high watermark its last fetch reported."""
+        assert self._consumer is not None
+        return await at_end(self._consumer)
 
     async def take(self) -> list[Taken]:
         """The next records of the owned partitions (waits up to 200 ms for some; may be empty)."""
         assert self._consumer is not None, "start() first"
         fetched = await self._consumer.getmany(timeout_ms=200, max_records=self.max_records)
-        prom.consumed(self.group, fetched)
-        await prom.lag(self._consumer, self.group)
+        if self.label is not None:
+            prom.consumed(self.label, fetched)
+            await prom.lag(self._consumer, self.label)
         out = []
         for tp, records in fetched.items():
+            self.fetched += len(records)
             for rec in records:
-                self.watermark.track(tp.partition, rec.offset)
-                try:
-                    event = decode(rec.value)
-                except DecodeError as exc:
-                    prom.dead_lettered(self.group, "decode")
-                    await self._dead_letter(rec, exc)
+                if self.group is not None:
+                    self.watermark.track(tp.partition, rec.offset)
+                if self.wanted is not None and not self.wanted(dict(rec.headers or ())):
+                    self.passed_over += 1
                     self._complete(tp.partition, rec.offset)
                     continue
-                delivered = Delivered(event, rec.topic, rec.partition, rec.offset, rec.key, dict(rec.headers or ()),
-                                      rec.timestamp)
+                try:
+                    delivered = Delivered.decoded(rec)
+                except DecodeError as exc:
+                    await self._undecodable(rec, exc)
+                    self._complete(tp.partition, rec.offset)
+                    continue
                 out.append(Taken(delivered, self._generations.get(tp.partition, 0)))
         return out
 
@@ -183,7 +238,7 @@ class UnorderedConsumer:
         self._complete(taken.partition, taken.offset)
 
     def _complete(self, partition: int, offset: int) -> None:
-        if self.watermark.complete(partition, offset) is not None:
+        if self.group is not None and self.watermark.complete(partition, offset) is not None:
             self._commit_wanted.set()
 
     async def commits(self) -> None:
@@ -195,7 +250,7 @@ class UnorderedConsumer:
 
     async def commit(self, partitions: set[int] | None = None) -> None:
         """Commit the commit point of the owned ``partitions`` (all when None)."""
-        assert self._consumer is not None
+        assert self._consumer is not None and self.group is not None
         owned = {tp.partition for tp in self._consumer.assignment()}
         offsets = {}
         for p in owned if partitions is None else partitions & owned:
@@ -217,7 +272,14 @@ class UnorderedConsumer:
         for p in partitions:  # records of these partitions still waiting now belong to another member
             self._generations[p] = self._generations.get(p, 0) + 1
 
-    async def _dead_letter(self, rec: Any, exc: Exception) -> None:
-        await self.producer.send(dead_letter(rec, run_id=self.run_id, producer=self.client_id, group=self.group,
-                                             stage="decode", exc=exc, max_value_bytes=self.cfg.max_message_bytes // 2),
+    async def _undecodable(self, rec: Any, exc: DecodeError) -> None:
+        if self.group is None:
+            if self.on_undecodable is not None:
+                self.on_undecodable(rec, exc)
+            return
+        assert self.producer is not None
+        prom.dead_lettered(self.group, "decode")
+        await self.producer.send(dead_letter(rec, run_id=self.run_id, producer=self.client_id or self.group,
+                                             group=self.group, stage="decode", exc=exc,
+                                             max_value_bytes=self.cfg.max_message_bytes // 2),
                                  topic=self.cfg.topics.dlq)

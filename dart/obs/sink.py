@@ -30,6 +30,7 @@ screenshot with its actions, its thought and action under it).
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import io
 import logging
@@ -486,22 +487,26 @@ class LiveSink:
         self._stop.set()
 
     def run(self, *, on_record: Callable[[str, int], None] | None = None) -> dict[str, int]:
-        from dart.bus.follow import follow_topics
+        from dart.bus import SLOW_FETCH_WAIT_MS, read_topic
 
         topics = [self.bus.topics.name(s) for s in FOLLOWED]
         out = TensorBoardOut(Path(self.cfg.out_dir))
+
+        def due() -> None:  # after each fetch, records or none: what is late enough is written on time
+            for event in self.reorder.due(int(time.time() * 1000)):
+                out.write(self.fold.feed(event))
+
+        async def follow() -> None:
+            async for d in read_topic(self.bus, topics, follow=lambda: not self._stop.is_set(),
+                                      end_timeout_s=self.cfg.stop_timeout_s, after_fetch=due,
+                                      fetch_max_wait_ms=SLOW_FETCH_WAIT_MS):
+                if on_record is not None:
+                    on_record(d.topic, 1)
+                for late in self.reorder.push(d.event):
+                    out.write(self.fold.feed(late))
+
         try:
-            for item in follow_topics(self.bus, topics, stop=self._stop, stop_timeout_s=self.cfg.stop_timeout_s,
-                                      group=f"{self.bus.prefix}-metrics"):
-                if item is not None:
-                    topic, event = item
-                    if on_record is not None:
-                        on_record(topic, 1)
-                    for late in self.reorder.push(event):
-                        out.write(self.fold.feed(late))
-                    continue
-                for event in self.reorder.due(int(time.time() * 1000)):
-                    out.write(self.fold.feed(event))
+            asyncio.run(follow())
             for event in self.reorder.drain():
                 out.write(self.fold.feed(event))
             out.write(self.fold.finish())

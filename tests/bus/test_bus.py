@@ -225,6 +225,44 @@ async def test_replies_reach_only_the_env_worker_that_asked(bus: BusConfig):
     producer.close()
 
 
+async def test_a_follower_reads_every_topic_on_to_the_end_once_told_to_stop(bus: BusConfig):
+    """``read_topic(follow=...)`` as the metrics sink follows: several topics from their first
+    offsets, ``after_fetch`` after every fetch (empty ones too: the sink flushes on time), and once
+    ``follow`` turns false, on to the end of the log (what was acknowledged before is read) and out."""
+    producer = Producer(bus)
+    producer.send_nowait(action_chosen())
+    for i in range(10):
+        producer.send_nowait(heartbeat(i))
+    producer.flush()
+    stop = asyncio.Event()
+    fetches = 0
+
+    def fetched() -> None:
+        nonlocal fetches
+        fetches += 1
+
+    async def write_then_stop() -> None:
+        await asyncio.sleep(0.5)  # the follower is at the end, fetching nothing
+        for i in range(10, 15):
+            producer.send_nowait(heartbeat(i))
+        await producer.aflush()
+        stop.set()  # at once: these five are on the log, not yet read
+
+    writer = asyncio.create_task(write_then_stop())
+    follower = read_topic(bus, [bus.topics.actions, bus.topics.heartbeats], follow=lambda: not stop.is_set(),
+                          end_timeout_s=10, after_fetch=fetched)
+    got = await asyncio.wait_for(_collect(follower), timeout=20)
+    await writer
+    producer.close()
+    assert sorted(e.uptime_s for e in got if isinstance(e, WorkerHeartbeat)) == [float(i) for i in range(15)]
+    assert sum(not isinstance(e, WorkerHeartbeat) for e in got) == 1
+    assert fetches >= 3  # the half second at the end was fetched through, not waited out
+
+
+async def _collect(events) -> list:  # type: ignore[no-untyped-def]
+    return [d.event async for d in events]
+
+
 def test_flush_raises_when_records_cannot_be_acknowledged():
     from dart.bus import free_port
 
