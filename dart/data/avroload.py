@@ -148,9 +148,12 @@ _ACTIONS_JSON = (r"""replaceRegexpAll(toJSONString(actions), '"(x|y|end_x|end_y)
                  r"""'"\\1":\\2.0\\3')""")
 _JSON_SETTINGS = "output_format_json_escape_forward_slashes = 0"
 _JSON_SAFE = (
-    # Nothing escaped, nothing outside ' '..'~'; no coordinate of 16+ integral digits, below 1e-4
-    # or with an exponent (where repr() and ClickHouse may differ).
-    r"""NOT match(toJSONString(actions), '[^ -~]|\\\\|":-?([0-9]{16}|0\\.0000|[0-9.]*e)')""",
+    # Nothing outside ' '..'~'; no coordinate of 16+ integral digits, below 1e-4 or with an
+    # exponent (where repr() and ClickHouse may differ).
+    r"""NOT match(toJSONString(actions), '[^ -~]|":-?([0-9]{16}|0\\.0000|[0-9.]*e)')""",
+    # No escape but \" and \\ (within ' '..'~' both write only these two, alike): none is left
+    # once those pairs are taken out, left to right as a reader of JSON pairs them.
+    r"""position(replaceRegexpAll(toJSONString(actions), '\\\\[\\\\"]', ''), '\\') = 0""",
     # NaN and infinities (json.dumps: NaN, Infinity; ClickHouse: null): x * 0 is 0 only for finite x.
     "arraySum(arrayMap(a -> " + " + ".join(f"ifNull(tupleElement(a, '{c}'), 0) * 0" for c in ("x", "y", "end_x", "end_y"))
     + ", actions)) = 0",

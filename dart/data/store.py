@@ -9,10 +9,12 @@ on the engine handle and the event loop never blocks on a query.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,7 +159,8 @@ class Store:
             return 0
         columns = list(rows[0])
         data = [[row[c] for c in columns] for row in rows]
-        self._call(self.client.insert, f"{self.database}.{table}", data, column_names=columns)
+        with _rows_not_a_dataframe():
+            self._call(self.client.insert, f"{self.database}.{table}", data, column_names=columns)
         return len(rows)
 
     def close(self) -> None:
@@ -165,6 +168,24 @@ class Store:
             self.client.close()
         except Exception:  # closing is best effort
             log.debug("closing the store client failed", exc_info=True)
+
+
+@contextlib.contextmanager
+def _rows_not_a_dataframe() -> Iterator[None]:
+    """clickhouse-connect's insert asks whether its rows are a pandas DataFrame, and imports pandas
+    to ask (chdb depends on pandas, so it is installed): most of a second, in a process that never
+    uses pandas otherwise (`dart replay`, the data manager). Rows here are lists of lists: until
+    something else has imported pandas, the answer is given for this call, then taken back."""
+    from clickhouse_connect.driver import options
+
+    if "pandas" in sys.modules or "pd" in vars(options):
+        yield
+        return
+    options.pd = None
+    try:
+        yield
+    finally:
+        vars(options).pop("pd", None)
 
 
 class AsyncStore:
