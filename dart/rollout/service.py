@@ -26,7 +26,7 @@ from typing import Literal
 from dart.agent.actions import InvalidAction, to_wire
 from dart.agent.decide import Decision, decide, wire_actions
 from dart.agent.prompt import PromptConfig, blob_image_loader
-from dart.agent.transfer import TransferConfig
+from dart.agent.weight_broadcast import TransferConfig
 from dart.blobs import BlobStore
 from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Producer
 from dart.config import require
@@ -36,8 +36,8 @@ from dart.events.manifest import PromptContext
 from dart.rollout.engine import Engine, Generation
 from dart.rollout.hf_engine import HFEngineConfig
 from dart.rollout.openai_engine import OpenAIEngineConfig
-from dart.rollout.transfer import open_receiver
-from dart.rollout.weights import WeightFollower
+from dart.rollout.weight_receive import open_receiver
+from dart.rollout.weight_swap import WeightFollower
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from dart.agent.model import load_policy
 from dart.agent.tiny import build_tiny
-from dart.agent.weights import check_state_dict, state_dict_from_bytes
+from dart.agent.weight_format import check_state_dict, state_dict_from_bytes
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
 from dart.data.cli import sql_client

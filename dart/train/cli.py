@@ -113,7 +113,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 async def publish_initial(args: argparse.Namespace, section: dict[str, Any], out: Path, store: Any) -> None:
     from dart.bus import Producer
     from dart.bus.cli import bus_from_args
-    from dart.train.weights import put_weights, weights_published
+    from dart.train.weight_publish import put_weights, weights_published
 
     producer = Producer(bus_from_args(args), client_id=section.get("worker_id", "trainer-0"))
     try:

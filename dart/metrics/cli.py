@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
 
 
 def metrics_config(args: argparse.Namespace) -> Any:
-    from dart.obs.sink import MetricsConfig
+    from dart.metrics.sink import MetricsConfig
 
     data: dict[str, Any] = {}
     if getattr(args, "config", None):
@@ -55,7 +55,7 @@ def _run_id(run_dir: Path) -> str:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from dart.obs.sink import from_archive, run_live
+    from dart.metrics.sink import from_archive, run_live
 
     if args.run_dir is not None and not (args.run_dir / "log").is_dir():
         from dart.rundir import RunMissing
