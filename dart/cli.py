@@ -25,6 +25,7 @@ from dart.errors import ConfigError, DartError
 
 def command_modules() -> list[ModuleType]:
     """Every package's command module, in the order ``dart --help`` lists them."""
+    # Here, not at the top: `dart guest-agent` (what a VM runs) loads none of these (test_layout.py).
     from dart import demo, doctor
     from dart.bus import cli as bus_cli
     from dart.data import cli as data_cli
@@ -74,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["DART_LOG_FORMAT"] = args.log_format  # the processes it starts log the same way
     setup_logging(args.verbose, args.log_format, service=args.command)
     if os.environ.get("DART_METRICS_DIR") or os.environ.get("DART_METRICS_PORT"):
+        # Deferred: loads the Kafka clients and fastavro, and every `dart` command imports this module.
         from dart.bus.prom import maybe_start_exporter
 
         maybe_start_exporter(args.command)  # a long-lived service: Prometheus /metrics

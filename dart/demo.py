@@ -7,7 +7,10 @@ import subprocess
 import sys
 from typing import Any
 
+from dart.bus.broker import DevBroker, ensure_topics
 from dart.bus.config import BusConfig
+from dart.bus.producer import Producer
+from dart.events import RewardAssigned, TrajectoryFinished, TrajectoryStatus, now_ms
 
 
 def register(sub: Any) -> None:
@@ -18,8 +21,6 @@ def register(sub: Any) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """A broker, a producer process and a `dart tail` process: events flowing, decoded."""
-    from dart.bus.broker import DevBroker, ensure_topics
-
     with DevBroker() as broker:
         cfg = BusConfig(bootstrap=broker.bootstrap, prefix="demo")
         ensure_topics(cfg)
@@ -44,9 +45,6 @@ def _environ() -> dict[str, str]:
 
 
 async def _demo_produce(n: int) -> None:
-    from dart.bus.producer import Producer
-    from dart.events import RewardAssigned, TrajectoryFinished, TrajectoryStatus, now_ms
-
     cfg = BusConfig.from_env()
     producer = Producer(cfg, client_id="demo")
     for i in range(n):

@@ -9,6 +9,7 @@ import os
 import shutil
 from typing import Any
 
+from dart.bus.broker import broker_answers, tansu_binary
 from dart.bus.cli import add_bus_args, bus_from_args
 
 
@@ -44,8 +45,6 @@ def _check(name: str, fn: Any, fix: str, *, needed_for: str | None = None) -> st
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from dart.bus.broker import broker_answers, tansu_binary
-
     global _doctor_json
     cfg = bus_from_args(args)
     _doctor_json = [] if args.json else None

@@ -14,9 +14,13 @@ import signal
 import time
 from typing import Any
 
+from dart.bus.broker import DevBroker, broker_answers, ensure_topics
 from dart.bus.config import BusConfig
+from dart.bus.consumer import read_topic
+from dart.bus.topics import CATALOGUE
 from dart.config import build, config_mapping
 from dart.errors import BusError, ConfigError
+from dart.events import to_json_dict
 from dart.rundir import RUN_HELP, live_bus, run_of
 
 
@@ -70,8 +74,6 @@ def register(sub: Any) -> None:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from dart.bus.broker import DevBroker, ensure_topics
-
     broker = DevBroker(port=args.port).start()
     print(f"dev broker (tansu) on {broker.bootstrap}; storage in memory; Ctrl-C stops it", flush=True)
     if broker.tls is not None:  # mutual TLS: clients need the CA and the throwaway client certificate
@@ -99,8 +101,6 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_topics_ensure(args: argparse.Namespace) -> int:
-    from dart.bus.broker import ensure_topics
-
     cfg = bus_from_args(args)
     created = ensure_topics(cfg)
     for name in cfg.topics.all():
@@ -109,8 +109,6 @@ def cmd_topics_ensure(args: argparse.Namespace) -> int:
 
 
 def cmd_topics_list(args: argparse.Namespace) -> int:
-    from dart.bus.topics import CATALOGUE
-
     cfg = bus_from_args(args)
     for spec in CATALOGUE:
         retention = "forever" if spec.retention_ms < 0 else f"{spec.retention_ms // 3_600_000} h"
@@ -121,9 +119,6 @@ def cmd_topics_list(args: argparse.Namespace) -> int:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    from dart.bus.consumer import read_topic
-    from dart.events import to_json_dict
-
     cfg = bus_from_args(args)
     topic = topic_name(cfg, args.topic)
     require_broker(cfg)
@@ -145,8 +140,6 @@ def cmd_tail(args: argparse.Namespace) -> int:
 def topic_name(cfg: BusConfig, given: str) -> str:
     """The topic of the run's prefix that ``given`` names: a suffix of the catalogue, the catalogue
     name with the default prefix (``dart.trajectories``) or the full name; ConfigError otherwise."""
-    from dart.bus.topics import CATALOGUE
-
     suffixes = [spec.suffix for spec in CATALOGUE]
     for prefix in (f"{cfg.prefix}.", "dart.", ""):
         if given.startswith(prefix) and given[len(prefix):] in suffixes:
@@ -157,8 +150,6 @@ def topic_name(cfg: BusConfig, given: str) -> str:
 
 def require_broker(cfg: BusConfig) -> None:
     """BusError naming the address and the fix unless a broker answers there."""
-    from dart.bus.broker import broker_answers
-
     if not broker_answers(cfg.bootstrap, timeout_s=3.0, security=cfg.security):
         raise BusError(f"no broker answers on {cfg.bootstrap}: during `make run` name the run "
                        f"(--run runs/local), else start one (`dart broker`) or give its address (--bootstrap HOST:PORT)")

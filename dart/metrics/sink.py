@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dart.blobs import open_store
 from dart.config import require
 from dart.events import (
     ActionChosen,
@@ -333,6 +334,7 @@ class Fold:
         return out
 
     def _picture(self, event: TrajectoryFinished, steps: dict[int, _Step], w: _Window) -> Picture:
+        # Deferred: loads Pillow, needed only here.
         from dart.data.trace import PANEL_W, StepView, TraceView, step_image, strip
 
         ordered = [steps[i] for i in sorted(steps)]
@@ -355,7 +357,6 @@ def blob_loader(root: str) -> Callable[[str], bytes | None] | None:
     """Screenshot bytes by digest from the blob store at ``root`` (None: no store, no pictures)."""
     if not root:
         return None
-    from dart.blobs import open_store
 
     store = open_store(root)
 
@@ -406,6 +407,7 @@ class TensorBoardOut:
 
 def archive_events(log_dir: Path) -> list[Event]:
     """The followed topics' events of an archive, in the fold's canonical order."""
+    # Deferred: loads the Kafka clients and fastavro, needed only here.
     from dart.data.replay import archived_events
 
     events = [event for topic, event in archived_events(log_dir) if topic.endswith(tuple(f".{s}" for s in FOLLOWED))]
@@ -415,6 +417,7 @@ def archive_events(log_dir: Path) -> list[Event]:
 
 def from_archive(log_dir: Path, cfg: MetricsConfig) -> dict[str, int]:
     """Write the run's TensorBoard records from its archive (no broker needed)."""
+    # Deferred: loads fastavro, needed only here.
     from dart.log import ArchiveError, list_segments
 
     if not list_segments(log_dir):
@@ -486,6 +489,7 @@ class LiveSink:
         self._stop.set()
 
     def run(self, *, on_record: Callable[[str, int], None] | None = None) -> dict[str, int]:
+        # Deferred: loads the Kafka clients and fastavro, needed only here.
         from dart.bus.follow import follow_topics
 
         topics = [self.bus.topics.name(s) for s in FOLLOWED]
@@ -514,6 +518,7 @@ class LiveSink:
 
 def run_live(cfg: MetricsConfig, bus: Any) -> int:
     """The `dart metrics` service: SIGTERM/SIGINT read on to the log's end, write, exit 0."""
+    # Deferred: loads the Kafka clients and fastavro, needed only here.
     from dart.bus.prom import RECORDS_IN
 
     sink = LiveSink(cfg, bus)

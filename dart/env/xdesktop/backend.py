@@ -24,6 +24,7 @@ from dart.env.backend import CommandResult, EnvBackend, Health, Observation
 from dart.env.downloads import DownloadCache
 from dart.env.tasks import Task
 from dart.env.xdesktop.display import XDisplay
+from dart.env.xdesktop.getters import register
 from dart.env.xdesktop.setup import (
     TASKS_DIR,
     SetupRunner,
@@ -154,8 +155,8 @@ class XDesktopBackend(EnvBackend):
         return await self._observe(info)
 
     async def evaluate(self, task: Task | dict[str, Any], *, final_action: Action | None) -> tuple[float, dict[str, Any]]:
+        # Deferred: loads numpy, needed only here.
         from dart.env.evaluators import evaluate_task
-        from dart.env.xdesktop.getters import register
 
         register()
         task = _as_task(task)
