@@ -45,7 +45,7 @@ def write_events(store: Store, events: Sequence[Event]) -> int:
 
 _LATEST_COLS = """event_id, event_time, rollout_id, request_id, task_id, group_id, rollout_index, status,
     finish_reason, num_steps, max_steps, min_policy_version, max_policy_version, attempt, mode, origin"""
-"""The trajectory columns curation reads (all of them cost ~4x: the arrays and timings)."""
+"""The trajectory columns curation reads (not all: reading the arrays and timings too costs several times as much)."""
 
 
 def latest_outcomes(db: str, *, trajectories: str, rewards: str | None = None) -> str:

@@ -126,7 +126,7 @@ def evaluate(policy: Policy, tasks: Sequence[dict[str, Any]], episodes: int, *, 
     async def main() -> float:
         # the recipe's torch threads, as every service of the run: `dart up` evaluating a given warm
         # start (no SFT before it to set them) ran on torch's default of one thread per core, and
-        # on a loaded 2-core machine 899 episodes took 615 s where one thread takes seconds
+        # on a loaded 2-core machine its threads fought over the cores: minutes where one thread takes seconds
         engine = HFEngine(policy, HFEngineConfig(max_batch_size=recipe.engine_batch, threads=recipe.threads))
         try:
             return await evaluate_async(engine, tasks, episodes, store=store, recipe=recipe, phase=phase,

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 SERVE_START_S = 300.0
 """How long `dart up` waits for the `dart serve` it started to answer (torch and the model load
-first: ~10 s on an idle machine, minutes on a loaded 2-core one)."""
+first, which takes minutes on a loaded 2-core machine)."""
 
 
 def say(line: str) -> None:

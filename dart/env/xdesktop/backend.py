@@ -1,7 +1,7 @@
 """The xdesktop backend: a real X desktop on this machine, one private display per slot.
 
 Each slot owns a folder with a ``home`` (the HOME of every app it starts; wiped on reset) and a
-LibreOffice profile (kept across resets, so Calc starts in ~3 s instead of building a profile).
+LibreOffice profile (kept across resets, so Calc starts without building a profile first).
 Reset stops the previous task's apps, empties the home and runs the task's setup steps;
 actions become xdotool commands (:mod:`dart.env.xdotool`); screenshots come from the X
 server. ``read_file`` and ``run_command`` act on this machine's files and processes, with the
