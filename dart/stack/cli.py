@@ -166,7 +166,7 @@ def cmd_replay_store(args: argparse.Namespace) -> int:
 
 def cmd_replay_update(args: argparse.Namespace) -> int:
     # Deferred: loads torch, and every `dart` command imports this module.
-    from dart.stack.replay import replay_update
+    from dart.stack.rerun import replay_update
 
     _require_run_dir(args.run_dir)
     update = replay_update(args.run_dir, args.version, trainer_config=args.trainer_config)
@@ -176,7 +176,7 @@ def cmd_replay_update(args: argparse.Namespace) -> int:
 
 def cmd_replay_decision(args: argparse.Namespace) -> int:
     # Deferred: loads torch, and every `dart` command imports this module.
-    from dart.stack.replay import replay_decision
+    from dart.stack.rerun import replay_decision
 
     _require_run_dir(args.run_dir)
     result = replay_decision(args.run_dir, args.rollout_id, args.step, worker_config=args.worker_config)
