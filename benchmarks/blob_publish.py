@@ -36,9 +36,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dart.agent.weights import WEIGHTS_FILE, write_weights  # noqa: E402
+from dart.agent.weight_format import WEIGHTS_FILE, write_weights  # noqa: E402
 from dart.blobs import LocalBlobStore  # noqa: E402
-from dart.train.transfer import BlobTransfer  # noqa: E402
+from dart.train.weight_send import BlobTransfer  # noqa: E402
 
 PARAMS = {"26m": 27_400_000, "160m": 162_300_000, "1.0b": 1_000_800_000}
 """Parameters of ``weight_sync.py``'s sizes of the same names."""

@@ -36,10 +36,10 @@ from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
 from dart.data import avroload, projection
 from dart.data.config import BatcherConfig, DataConfig, HttpConfig, ProjectionConfig, SchedulerConfig
-from dart.data.decide import LATE_MS, Horizon, SlowStats, batch_inputs, schedule_inputs
 from dart.data.manager import DataManager
 from dart.data.replay import compare, format_checks
 from dart.data.rows import TABLES, group_rows
+from dart.data.rule_inputs import LATE_MS, Horizon, SlowStats, batch_inputs, schedule_inputs
 from dart.data.store import Store
 from dart.events import (
     ActionChosen,
@@ -257,7 +257,7 @@ def timed(fn, repeat: int = 5) -> float:  # type: ignore[no-untyped-def]
 
 def query_latencies(store: Store, steps: int) -> list[tuple[str, float]]:
     """Each query a scheduler or batcher pass runs: the first pass after a start reads the whole
-    run; later passes read from the horizon the first one left (``decide.Horizon``)."""
+    run; later passes read from the horizon the first one left (``rule_inputs.Horizon``)."""
     cfg = DataConfig()
     now = int(time.time() * 1000)
     batch = [f"r{i}" for i in range(48)]

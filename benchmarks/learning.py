@@ -161,7 +161,7 @@ def curve(workdir: Path, cfg: StackConfig, summary: dict[str, Any], *, points: i
     """(minutes into the RL phase, version, held-out success) at ``points`` published versions
     (the warm start and the final policy from the run's own evaluation)."""
     from dart.agent.model import load_policy
-    from dart.agent.weights import check_state_dict, state_dict_from_bytes
+    from dart.agent.weight_format import check_state_dict, state_dict_from_bytes
     from dart.blobs import LocalBlobStore
     from dart.data.cli import sql_client
     from dart.recipe.config import make_tasks

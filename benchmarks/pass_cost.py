@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 from ingest import timed as median_ms  # noqa: E402  (benchmarks/ingest.py: median ms of repeated calls)
 
 from dart.data.config import CurationConfig, DataConfig  # noqa: E402
-from dart.data.decide import Horizon, SlowStats, batch_inputs, schedule_inputs  # noqa: E402
+from dart.data.rule_inputs import Horizon, SlowStats, batch_inputs, schedule_inputs  # noqa: E402
 from dart.data.store import Store  # noqa: E402
 
 

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dart.agent.model import load_policy  # noqa: E402
-from dart.agent.weights import check_state_dict, state_dict_from_bytes  # noqa: E402
+from dart.agent.weight_format import check_state_dict, state_dict_from_bytes  # noqa: E402
 from dart.blobs import LocalBlobStore  # noqa: E402
 from dart.config import build  # noqa: E402
 from dart.recipe.config import make_tasks  # noqa: E402

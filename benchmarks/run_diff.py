@@ -69,7 +69,7 @@ def policy_at(run: Path, version: int) -> Any:
     """The run's policy at weight ``version`` (0: its warm start), from its blob store."""
     import json
 
-    from dart.agent.weights import check_state_dict, state_dict_from_bytes
+    from dart.agent.weight_format import check_state_dict, state_dict_from_bytes
     from dart.blobs import LocalBlobStore
     from dart.stack.up import load_checkpoint_policy
 

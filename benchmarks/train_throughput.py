@@ -23,13 +23,13 @@ import torch
 from dart.agent.model import load_policy
 from dart.agent.prompt import PromptConfig, blob_image_loader, build_messages, encode_prompt, prompt_hash
 from dart.agent.tiny import build_tiny
-from dart.agent.weights import write_weights
+from dart.agent.weight_format import write_weights
 from dart.blobs import LocalBlobStore
 from dart.events import HistoryTurn
 from dart.events.manifest import BatchManifest, PromptContext, Sample
 from dart.train.config import EngineConfig, OptimConfig, TrainerConfig
 from dart.train.trainer import Trainer
-from dart.train.weights import put_weights
+from dart.train.weight_publish import put_weights
 
 PROMPT = PromptConfig(min_pixels=16 * 28 * 28, max_pixels=16 * 28 * 28, max_images=3, max_turns=5)
 

@@ -41,14 +41,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dart.agent.tiny import TinySize, build_tiny  # noqa: E402
-from dart.agent.transfer import TransferConfig  # noqa: E402
-from dart.agent.weights import WEIGHTS_FILE, write_weights  # noqa: E402
+from dart.agent.weight_broadcast import TransferConfig  # noqa: E402
+from dart.agent.weight_format import WEIGHTS_FILE, write_weights  # noqa: E402
 from dart.blobs import LocalBlobStore  # noqa: E402
 from dart.bus import BusConfig, Consumer, DevBroker, Producer, ensure_topics  # noqa: E402
 from dart.events import WeightsLoaded  # noqa: E402
 from dart.train.engine import free_port  # noqa: E402
-from dart.train.transfer import BlobTransfer, DirectSender  # noqa: E402
-from dart.train.weights import weights_published  # noqa: E402
+from dart.train.weight_publish import weights_published  # noqa: E402
+from dart.train.weight_send import BlobTransfer, DirectSender  # noqa: E402
 
 SIZES = {
     "tiny": TinySize(),

@@ -25,19 +25,21 @@ from dart.errors import ConfigError, DartError
 
 def command_modules() -> list[ModuleType]:
     """Every package's command module, in the order ``dart --help`` lists them."""
+    # Here, not at the top: `dart guest-agent` (what a VM runs) loads none of these (test_layout.py).
+    from dart import demo, doctor
     from dart.bus import cli as bus_cli
     from dart.data import cli as data_cli
     from dart.env import cli as env_cli
     from dart.env import worker_cli
     from dart.env.libvirt import cli as libvirt_cli
     from dart.log import cli as log_cli
-    from dart.obs import cli as obs_cli
+    from dart.metrics import cli as metrics_cli
     from dart.rollout import cli as rollout_cli
     from dart.stack import cli as stack_cli
     from dart.train import cli as train_cli
 
-    return [bus_cli, log_cli, env_cli, worker_cli, libvirt_cli, rollout_cli, data_cli, train_cli, stack_cli,
-            obs_cli]
+    return [bus_cli, doctor, demo, log_cli, env_cli, worker_cli, libvirt_cli, rollout_cli, data_cli, train_cli,
+            stack_cli, metrics_cli]
 
 
 def build_parser(*, only: Sequence[ModuleType] | None = None) -> argparse.ArgumentParser:
@@ -73,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["DART_LOG_FORMAT"] = args.log_format  # the processes it starts log the same way
     setup_logging(args.verbose, args.log_format, service=args.command)
     if os.environ.get("DART_METRICS_DIR") or os.environ.get("DART_METRICS_PORT"):
+        # Deferred: loads the Kafka clients and fastavro, and every `dart` command imports this module.
         from dart.bus.prom import maybe_start_exporter
 
         maybe_start_exporter(args.command)  # a long-lived service: Prometheus /metrics

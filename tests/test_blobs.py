@@ -104,9 +104,9 @@ def test_put_file_with_link_stores_a_committed_file_without_copying_it(blobs: Lo
 
 
 def test_the_trainer_publishes_a_checkpoint_by_linking_and_sft_output_by_copying(blobs: LocalBlobStore, tmp_path):
-    from dart.agent.weights import CONFIG_FILE, WEIGHTS_FILE
-    from dart.train.transfer import BlobTransfer
-    from dart.train.weights import put_weights
+    from dart.agent.weight_format import CONFIG_FILE, WEIGHTS_FILE
+    from dart.train.weight_publish import put_weights
+    from dart.train.weight_send import BlobTransfer
 
     version = tmp_path / "ckpt"
     version.mkdir()

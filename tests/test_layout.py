@@ -15,6 +15,13 @@
 - ``dart/stack`` (the composition root) imports of the services only their entry points and
   config types (``STACK_ENTRY``), besides the kernel, the agent core and the recipes: what it
   needs to decide lives with the service that owns it.
+- a module's name tells it apart: a name used in two places of dart/ is one of the roles every
+  package may have (``SHARED_NAMES``: ``cli``, ``config``, a backend's ``backend``/``setup``/...),
+  and no module is named by a catch-all (``VAGUE_NAMES``: ``obs``, ``extra``, ``utils``, ...);
+- ``dart/bus/cli.py`` registers only the bus's own commands (``BUS_COMMANDS``);
+- an import of dart inside a function says why on the line above (or at its end): imports
+  belong at the top unless one would load something heavy (torch, the Kafka clients, ...) where
+  it is not needed, and the comment names it.
 
 Imports are read from the source with ``ast`` (every ``import``, also inside functions and
 ``TYPE_CHECKING`` blocks: a deferred import is still a dependency), so a failure lists the
@@ -44,13 +51,29 @@ IO = ("dart.bus", "dart.blobs", "dart.log", "dart.data.store", "dart.data.projec
       "sqlite3", "libvirt")
 """What a pure module may not import (a name or any module below it)."""
 STACK_ENTRY = ("dart.env.config", "dart.env.cli", "dart.env.catalogue", "dart.env.tasks", "dart.env.downloads",
-               "dart.rollout.service", "dart.rollout.hf_engine",
+               "dart.rollout.service", "dart.rollout.hf_engine", "dart.rollout.engine",
                "dart.data.config", "dart.data.cli", "dart.data.experience", "dart.data.progress", "dart.data.report",
-               "dart.train.config", "dart.train.checkpoint", "dart.obs.sink")
+               "dart.train.config", "dart.train.checkpoint", "dart.train.trainer", "dart.metrics.sink")
 """The services' modules `dart/stack` may import: their config types (``RolloutWorkerConfig`` lives in
-``rollout.service``, ``HFEngineConfig`` in ``rollout.hf_engine``, ``MetricsConfig`` in ``obs.sink``) and
+``rollout.service``, ``HFEngineConfig`` in ``rollout.hf_engine``, ``MetricsConfig`` in ``metrics.sink``) and
 the entry points it calls (a command's parser, task events, oracle experience, the progress and report
-queries, the newest checkpoint). A new one is a choice to make here, in review."""
+queries, the newest checkpoint; and for ``dart replay decision|update`` (``stack/rerun.py``) the engine's
+``GenerateRequest`` and the ``Trainer``, which re-run one logged step as the services ran it). A new one is
+a choice to make here, in review."""
+
+
+SHARED_NAMES = {"__init__": "a package", "__main__": "`python -m`", "cli": "a package's commands",
+                "config": "a package's config types", "backend": "an env backend", "setup": "a backend's install",
+                "oracle": "a backend's scripted solutions", "getters": "evaluator getters (built-in, a backend's)",
+                "server": "an HTTP server (the guest agent, `dart serve`)",
+                "engine": "the rollout engine / the training engine: each package's own, as the field names them",
+                "progress": "a run's progress: its queries (data) and their display (stack)"}
+"""Module names that may appear in more than one place of dart/: the same role in each."""
+VAGUE_NAMES = ("obs", "extra", "misc", "utils", "util", "helpers", "common", "stuff", "debug", "checks", "lib")
+"""Catch-all names that say nothing of what a module holds (``obs`` meant the metrics sink, where it
+means an Observation everywhere else)."""
+BUS_COMMANDS = ("broker", "topics", "tail")
+"""The commands ``dart/bus/cli.py`` registers: the bus's own (``doctor``, ``demo`` have modules of their own)."""
 
 
 class Tree:
@@ -237,6 +260,67 @@ def io_in_pure_modules(tree: Tree) -> list[str]:
             for line, name in tree.imports_of(path) if is_under(name, IO)]
 
 
+def shared_module_names(tree: Tree) -> list[str]:
+    """Module names used in two places or more that are not one shared role (``SHARED_NAMES``)."""
+    places: dict[str, list[str]] = {}
+    for path in tree.files():
+        places.setdefault(path.stem, []).append(str(path.relative_to(tree.root)))
+    return [f"{name}.py: {', '.join(where)}" for name, where in sorted(places.items())
+            if len(where) > 1 and name not in SHARED_NAMES]
+
+
+def vague_names(tree: Tree) -> list[str]:
+    """Modules with a catch-all in their name (``metrics_extra``) or in their package's (``obs/sink``)."""
+    return [str(path.relative_to(tree.root)) for path in tree.files()
+            if {*path.stem.split("_"), *path.relative_to(tree.dart).parent.parts} & set(VAGUE_NAMES)]
+
+
+def foreign_bus_commands(tree: Tree) -> list[str]:
+    """Commands ``dart/bus/cli.py`` registers (``x.add_parser("name", ...)``) that are not the bus's."""
+    path = tree.dart / "bus" / "cli.py"
+    if not path.exists():
+        return []
+    return [f"{tree.where(path, node.lineno)}: registers `dart {node.args[0].value}`"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_parser"
+            and getattr(node.func.value, "id", None) == "sub" and node.args and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value not in BUS_COMMANDS]
+
+
+def is_dart_import(node: ast.AST) -> bool:
+    if isinstance(node, ast.Import):
+        return any(a.name == "dart" or a.name.startswith("dart.") for a in node.names)
+    return isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").split(".")[0] == "dart")
+
+
+def silent_deferred_imports(tree: Tree) -> list[str]:
+    """Imports of dart inside a function with no comment on the line above their block of imports
+    (consecutive import statements) or at the end of their own first line."""
+    bad = []
+    for path in tree.files():
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for body in (b for node in ast.walk(fn) for b in _bodies(node)):
+                first = None  # the first statement of the current block of imports
+                for stmt, prev in zip(body, [None, *body][:len(body)], strict=True):
+                    if not isinstance(stmt, ast.Import | ast.ImportFrom):
+                        first = None
+                        continue
+                    joined = isinstance(prev, ast.Import | ast.ImportFrom) and prev.end_lineno == stmt.lineno - 1
+                    first = first if joined and first is not None else stmt
+                    above = lines[first.lineno - 2].strip() if first.lineno > 1 else ""
+                    if is_dart_import(stmt) and "#" not in lines[stmt.lineno - 1] and not above.startswith("#"):
+                        bad.append(f"{tree.where(path, stmt.lineno)}: {lines[stmt.lineno - 1].strip()}")
+    return sorted(set(bad))
+
+
+def _bodies(node: ast.AST) -> list[list[ast.stmt]]:
+    return [getattr(node, f) for f in ("body", "orelse", "finalbody") if isinstance(getattr(node, f, None), list)] + \
+        [h.body for h in getattr(node, "handlers", [])]
+
+
 # ---------------------------------------------------------------- the rules on dart/
 
 DART = Tree(REPO)
@@ -244,6 +328,8 @@ RULES = {
     "service": service_violations, "agent_core": agent_core_violations, "kernel": kernel_violations,
     "file_circle": file_circles, "package_circle": package_circles, "import_by_name": imports_by_name,
     "kafka_client": kafka_clients_outside_their_homes, "pure_io": io_in_pure_modules, "stack": stack_violations,
+    "module_name": shared_module_names, "vague_name": vague_names, "bus_commands": foreign_bus_commands,
+    "deferred_import": silent_deferred_imports,
 }
 WHY = {
     "service": "services meet only through events; move what they share to dart/agent or the kernel",
@@ -255,6 +341,10 @@ WHY = {
     "kafka_client": "Kafka clients live in dart/bus (and dart/log, which archives the log); use dart.bus",
     "pure_io": "pure rules take their inputs; the shells do the I/O",
     "stack": "dart/stack wires and decides nothing: call the service's entry point, or move the decision to it",
+    "module_name": "name each module by its role so that two are never confused (or add a shared role to SHARED_NAMES)",
+    "vague_name": "name the module by what it holds",
+    "bus_commands": "dart/bus/cli.py holds the bus's commands; give another concern a module of its own",
+    "deferred_import": "import at the top, or say on the line above what the deferred import keeps out (torch, ...)",
 }
 
 
@@ -287,6 +377,17 @@ VIOLATIONS: dict[str, dict[str, str]] = {
     "pure_io": {"data/curation.py": "def f(store):\n    from dart.data.store import Store\n"},
     "stack": {"stack/up.py": "from dart.data.config import DataConfig\n\ndef f():\n    from dart.data.curation import rate\n",
               "data/curation.py": "rate = 1\n", "data/config.py": "DataConfig = 1\n"},
+    "module_name": {"train/weights.py": "", "rollout/weights.py": "", "train/cli.py": "", "rollout/cli.py": ""},
+    "vague_name": {"obs/sink.py": "", "env/evaluators/metrics_extra.py": "", "env/evaluators/metrics_rules.py": ""},
+    "bus_commands": {"bus/cli.py": "def register(sub):\n    p = sub.add_parser('broker')\n"
+                                   "    p = sub.add_parser('doctor')\n    p.add_subparsers().add_parser('ensure')\n"},
+    "deferred_import": {"data/cli.py": "def f():\n    # loads torch\n    import json\n    from dart.data import rows\n"
+                                       "    from dart.errors import (\n        ConfigError,\n    )\n"
+                                       "    from dart.events import types\n\n"
+                                       "def g():\n    import json\n\n    from dart.data import rows\n"
+                                       "    from dart.errors import (\n        ConfigError,\n    )\n"
+                                       "    if rows:\n        from dart.events import types  # why, at the end\n",
+                        "data/rows.py": "", "errors.py": "ConfigError = 1\n", "events/types.py": ""},
 }
 
 
@@ -309,11 +410,20 @@ def test_each_rule_fails_on_its_violation(rule: str, tmp_path: Path) -> None:
         assert [b.split(":")[0] for b in bad] == ["dart/cli.py", "dart/env/cli.py", "dart/log/cli.py"]
     if rule == "stack":  # the deferred import of a curation rule, not the config type
         assert bad == ["dart/stack/up.py:4: imports dart.data.curation"]
+    if rule == "module_name":  # the two weights.py, not the two cli.py
+        assert bad == ["weights.py: dart/rollout/weights.py, dart/train/weights.py"]
+    if rule == "vague_name":  # a catch-all package and a catch-all module, not a name that says what it holds
+        assert bad == ["dart/env/evaluators/metrics_extra.py", "dart/obs/__init__.py", "dart/obs/sink.py"]
+    if rule == "bus_commands":  # `dart doctor`, not the bus's own `broker` nor `topics ensure`
+        assert bad == ["dart/bus/cli.py:3: registers `dart doctor`"]
+    if rule == "deferred_import":  # g's two, not f's block under its comment
+        assert bad == ["dart/data/cli.py:13: from dart.data import rows", "dart/data/cli.py:14: from dart.errors import ("]
     # ... and only its own: every other rule passes the same tree, apart from those the same
     # lines also break (a file circle inside one package is no package circle, and so on)
     also = {"service": {"package_circle"}, "agent_core": set(), "kernel": set(), "file_circle": set(),
-            "package_circle": {"file_circle"}, "import_by_name": set(), "kafka_client": set(),
-            "pure_io": set(), "stack": set()}[rule]
+            "package_circle": {"file_circle", "deferred_import"}, "import_by_name": set(), "kafka_client": set(),
+            "pure_io": {"deferred_import"}, "stack": {"deferred_import"}, "module_name": set(), "vague_name": set(), "bus_commands": set(),
+            "deferred_import": set()}[rule]
     assert {r for r, check in RULES.items() if r != rule and check(tree)} <= also
 
 

@@ -7,7 +7,7 @@
 - :mod:`dart.agent.prompt` — observation + history -> model input. The rollout workers build
   prompts with it and the trainer rebuilds them with it, so both feed the policy the same tokens
   (``ActionChosen.prompt_hash`` proves it per step).
-- :mod:`dart.agent.model` — loading, saving and re-scoring a policy; :mod:`dart.agent.weights`
+- :mod:`dart.agent.model` — loading, saving and re-scoring a policy; :mod:`dart.agent.weight_format`
   — the weight format of a policy version (the trainer writes it, rollout workers read it);
   :mod:`dart.agent.tiny` — a tiny random-weight Qwen2.5-VL for CPU runs.
 

@@ -8,7 +8,7 @@ importing this module stays cheap.
   processor explicitly: ``AutoProcessor`` fails here because torchvision cannot import beside the
   CPU torch.
 - :func:`save_policy` writes a directory :func:`load_policy` reads (weights in the published
-  format of :mod:`dart.agent.weights`, configs, tokenizer, image processor).
+  format of :mod:`dart.agent.weight_format`, configs, tokenizer, image processor).
 - :func:`score_response` is the re-scoring forward pass: per-token log-probs and entropies of
   a response under a model, the quantity the engines report for the tokens they sampled.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dart.agent.weights import write_weights
+from dart.agent.weight_format import write_weights
 from dart.errors import ConfigError
 
 if TYPE_CHECKING:

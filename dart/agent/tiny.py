@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dart.agent.model import CHAT_TEMPLATE, SPECIAL_TOKENS, STOP_TOKENS
+from dart.agent.prompt import COMPUTER_USE_PROMPT
 from dart.errors import ConfigError
 
 TINY_VOCAB_SIZE = 2048
@@ -41,8 +42,6 @@ def tiny_corpus(n: int = 3000) -> list[str]:
     every action name, box tokens, digits and coordinates, key names, so responses tokenize
     compactly.
     """
-    from dart.agent.prompt import COMPUTER_USE_PROMPT
-
     rng = random.Random(0)
     words = _CORPUS_WORDS.split()
     keys = ["ctrl", "shift", "alt", "enter", "tab", "esc", "c", "v", "s", "a", "z", "f4", "super", "space"]

@@ -29,6 +29,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
 
+from dart.events import TrainStepCompleted, WeightsLoaded
+
 log = logging.getLogger(__name__)
 
 SERVICES = frozenset({"env-worker", "rollout-worker", "train", "data-manager", "archiver", "metrics", "serve"})
@@ -68,8 +70,6 @@ def produced(topic: str) -> None:
 
 def event_produced(event: Any) -> None:
     """Timings the produced events carry (the trainer's step, a worker's weight swap)."""
-    from dart.events import TrainStepCompleted, WeightsLoaded
-
     if isinstance(event, TrainStepCompleted):
         TRAIN_STEP_SECONDS.observe(event.duration_s)
     elif isinstance(event, WeightsLoaded) and event.ok:

@@ -1,7 +1,7 @@
 """The fast projection path: ClickHouse decodes the Avro bodies and maps them to rows itself.
 
 The Python path (``rows.py``: decode every record into a typed event, map it to a dict, insert
-the dicts) costs ~100 µs per event, 5-10x the insert it feeds. Here the single-object records of
+the dicts) costs several times the insert it feeds (`benchmarks/ingest.py` times both paths). Here the single-object records of
 one fetch are laid, as they are on the log, into an Avro Object Container File (one per event
 type: the current writer schema in its header, the records in one block), and one
 ``INSERT … SELECT <the row mapping of rows.py, in SQL> FROM file(…, 'Avro')`` projects them.

@@ -20,10 +20,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dart.blobs import open_store
+from dart.bus import Producer, stop_on_signals
 from dart.bus.cli import add_bus_args, bus_from_args
 from dart.config import add_config_args, build, config_from_args
-from dart.errors import ConfigError, DartError
-from dart.rundir import RUN_HELP, fill_from_run, require_store, run_of
+from dart.data.config import DataConfig, StoreConfig
+from dart.data.experience import load_experience
+from dart.data.replay import compare, format_checks, rebuild, rebuild_from_archive, version_time_ms
+from dart.data.report import build_report, write_plots
+from dart.data.rows import TABLES
+from dart.data.store import Store, http_file, parse_dsn
+from dart.errors import BlobError, ConfigError, DartError
+from dart.rundir import RUN_HELP, RunMissing, fill_from_run, require_store, run_of
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +123,6 @@ def apply_run(args: argparse.Namespace) -> None:
 
 def data_config(args: argparse.Namespace) -> Any:
     """The data manager's config: the file's ``data:`` section, then flags, then dotted overrides."""
-    from dart.data.config import DataConfig
-
     def off(flag: str) -> bool | None:
         return False if getattr(args, flag, False) else None
 
@@ -129,10 +135,8 @@ def data_config(args: argparse.Namespace) -> Any:
 
 
 def cmd_data_manager(args: argparse.Namespace) -> int:
-    from dart.blobs import open_store
-    from dart.bus import stop_on_signals
+    # Deferred: loads aiohttp, and every `dart` command imports this module.
     from dart.data.manager import DataManager
-    from dart.data.store import Store
 
     cfg = data_config(args)
     bus = bus_from_args(args)
@@ -173,9 +177,6 @@ def sql_client(url: str | None, dsn: str | None, database: str) -> Any:
     import clickhouse_connect
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
-    from dart.data.config import StoreConfig
-    from dart.data.store import http_file, parse_dsn
-
     if url is None:
         target = parse_dsn(dsn or StoreConfig().dsn)
         marker = http_file(target.path) if target.path is not None else None
@@ -203,6 +204,7 @@ def sql_client(url: str | None, dsn: str | None, database: str) -> Any:
 def cmd_sql(args: argparse.Namespace) -> int:
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
+    # Deferred: loads aiohttp, and every `dart` command imports this module.
     from dart.data.http import split_format
 
     sql, fmt = split_format(args.query)  # clickhouse-connect appends its own FORMAT clause
@@ -221,8 +223,6 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dart.data.report import build_report, write_plots
-
     apply_run(args)
     client = sql_client(args.url, args.dsn, args.database)
     try:
@@ -239,11 +239,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_experience_import(args: argparse.Namespace) -> int:
-    from dart.blobs import open_store
-    from dart.bus import Producer
-    from dart.data.config import DataConfig
-    from dart.data.experience import load_experience
-
     defaults = DataConfig()
     run_id = args.run_id or defaults.run_id
     blobs = open_store(args.blobs or defaults.blobs)
@@ -269,10 +264,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     import tempfile
     import time
 
-    from dart.data.replay import compare, format_checks, rebuild, rebuild_from_archive, version_time_ms
-    from dart.data.rows import TABLES
-    from dart.data.store import Store, http_file, parse_dsn
-
     if args.run is not None:
         args.target = [*args.target, args.run]
     if len(args.target) > 1:
@@ -280,8 +271,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     run_dir = Path(args.target[0]) if args.target else None
     args.run = None  # the archive and store of RUN_DIR are read; its broker is not needed
     if run_dir is not None:
-        from dart.rundir import RunMissing
-
         if not (run_dir / "log").is_dir() or not (run_dir / "chdb").is_dir():
             raise RunMissing(f"{run_dir} is not a run directory with an archive and a store (no "
                              f"{run_dir / 'log'} or {run_dir / 'chdb'}): `dart up` writes both")
@@ -364,9 +353,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from dart.blobs import open_store
+    # Deferred: loads Pillow, and every `dart` command imports this module.
     from dart.data.trace import load_trace, render_trace
-    from dart.errors import BlobError
 
     apply_run(args)
     cfg = data_config(argparse.Namespace(config=args.config, dsn=args.dsn, blobs=args.blobs))

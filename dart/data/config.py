@@ -63,11 +63,11 @@ class ProjectionConfig:
     more CPU than the env and rollout workers that made the events; 0: insert every fetch."""
     fetch_max_wait_ms: int = 250
     """How long the broker may hold the projection's fetch when no record is there. The projection
-    lingers anyway; a short wait is a fetch of every partition 50 times a second, which on the
-    dev broker cost ~10 % of a core per idle consumer (`bus.fetch_max_wait_ms` is for the hot path)."""
+    lingers anyway; a short wait keeps the broker answering empty fetches of every partition for every
+    idle consumer (`benchmarks/idle_fetch.py` measures it; `bus.fetch_max_wait_ms` is for the hot path)."""
     clickhouse_decode: bool = True
     """ClickHouse decodes the Avro records and maps them to rows itself (``dart/data/avroload.py``;
-    embedded chdb only, ~10x faster); false: every record is decoded and mapped in Python
+    embedded chdb only; `benchmarks/ingest.py` times both); false: every record is decoded and mapped in Python
     (``rows.py``). Both write the same rows."""
 
     def __post_init__(self) -> None:

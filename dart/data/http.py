@@ -88,9 +88,9 @@ class Unauthorized(DartError, PermissionError):
 
 HASH_SCHEME = "pbkdf2_sha256"
 HASH_ITERATIONS = 20_000
-"""PBKDF2 rounds for a writer password hashed at start-up (checked on every writer request,
-~10 ms on a busy core: the endpoint is on loopback, the hash only keeps the password itself out
-of the process and its files)."""
+"""PBKDF2 rounds for a writer password hashed at start-up (checked on every writer request, so
+few: the endpoint is on loopback, the hash only keeps the password itself out of the process and
+its files)."""
 
 
 def hash_password(password: str, *, iterations: int = HASH_ITERATIONS, salt: bytes | None = None) -> str:

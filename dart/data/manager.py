@@ -23,8 +23,8 @@ from dart.data import avroload, projection
 from dart.data.batcher import build_manifest, plan_batch
 from dart.data.config import DataConfig
 from dart.data.coupled import RoundPlan, plan_round
-from dart.data.decide import Horizon, SlowStats, batch_inputs, round_inputs, schedule_inputs
 from dart.data.http import SqlServer
+from dart.data.rule_inputs import Horizon, SlowStats, batch_inputs, round_inputs, schedule_inputs
 from dart.data.scheduler import Plan, PlannedRequest, plan_requests
 from dart.data.store import AsyncStore, Store, http_file
 from dart.errors import DecodeError

@@ -45,7 +45,7 @@ def write_events(store: Store, events: Sequence[Event]) -> int:
 
 _LATEST_COLS = """event_id, event_time, rollout_id, request_id, task_id, group_id, rollout_index, status,
     finish_reason, num_steps, max_steps, min_policy_version, max_policy_version, attempt, mode, origin"""
-"""The trajectory columns curation reads (all of them cost ~4x: the arrays and timings)."""
+"""The trajectory columns curation reads (not all: reading the arrays and timings too costs several times as much)."""
 
 
 def latest_outcomes(db: str, *, trajectories: str, rewards: str | None = None) -> str:
@@ -91,7 +91,7 @@ def success_lengths(store: Store, *, threshold: float, since_ms: int | None = No
     policy's own rollouts (``curation.lengths_from``).
 
     With ``since_ms``, only rollouts with a trajectory or reward row stamped since then: what is
-    new since an earlier call (the caller keeps the running maximum, ``decide.Horizon``)."""
+    new since an earlier call (the caller keeps the running maximum, ``rule_inputs.Horizon``)."""
     db = store.database
     src = f"{db}.trajectory_rewards"
     params: dict[str, Any] = {"thr": threshold}
@@ -257,7 +257,7 @@ def open_groups(store: Store, *, mode: str, since_ms: int = 0) -> tuple[
     """Groups requested since ``since_ms`` none of whose rollouts is in a batch yet: their
     progress, the highest attempt requested per rollout index, and each group's request template
     (task, backend, max_steps). ``since_ms``: every group requested before it is known to be
-    batched or closed (``decide.Horizon``); 0 reads the whole run."""
+    batched or closed (``rule_inputs.Horizon``); 0 reads the whole run."""
     db = store.database
     since = "event_time >= fromUnixTimestamp64Milli({since:Int64})"
     groups = store.query(

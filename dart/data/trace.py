@@ -17,6 +17,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from dart.agent.uitars import parse_response
 from dart.data.draw import INK, RGB, draw_actions, fit_width, font, stack, text_panel, vstack
 from dart.data.rows import masked_mean
 from dart.errors import DartError
@@ -85,8 +86,6 @@ def load_trace(query: Query, db: str, rollout_id: str) -> TraceView:
 
 def thought_of(step: StepView) -> str:
     """The ``Thought:`` (or ``Reflection:``) of the response, parsed like the env parses it."""
-    from dart.agent.uitars import parse_response
-
     screen = step.screen if min(step.screen) > 0 else (1000, 1000)
     parsed = parse_response(step.response_text, screen=screen)
     return parsed.thought or parsed.reflection or ""

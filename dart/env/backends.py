@@ -39,9 +39,11 @@ class SlotBackends:
     def make(self, slot: int) -> EnvBackend:
         """A fresh backend for slot ``slot`` (xdesktop starts its display on first reset)."""
         if self.cfg.backend == "xdesktop":
+            # Deferred: loads aiohttp and Pillow, needed only here.
             from dart.env.xdesktop.backend import XDesktopBackend
 
             return XDesktopBackend(self.cfg.xdesktop, slot=slot)
+        # Deferred: loads Pillow, needed only here.
         from dart.env.synthetic.backend import SyntheticBackend
 
         return SyntheticBackend(self.cfg.synthetic, slot=slot)
@@ -50,6 +52,7 @@ class SlotBackends:
         """Tasks that come with the backend (the local X desktop's own task files)."""
         if self.cfg.backend != "xdesktop":
             return []
+        # Deferred: loads aiohttp and Pillow, needed only here.
         from dart.env.xdesktop.oracle import local_tasks
 
         return local_tasks()
@@ -71,6 +74,7 @@ class VmPoolBackends(SlotBackends):
     """Libvirt slots borrowing VMs from one pool of this worker process."""
 
     def __init__(self, cfg: EnvWorkerConfig, publish: Publish) -> None:
+        # Deferred: loads libvirt and aiohttp, needed only here.
         from dart.env.libvirt import VmPool
 
         super().__init__(cfg)
@@ -78,11 +82,13 @@ class VmPoolBackends(SlotBackends):
         self.pool: VmPool = VmPool(cfg.libvirt, on_heartbeat=publish, run_id=cfg.run_id, worker_id=cfg.worker)
 
     def make(self, slot: int) -> EnvBackend:
+        # Deferred: loads libvirt and aiohttp, needed only here.
         from dart.env.libvirt import LibvirtBackend
 
         return LibvirtBackend(self.pool)
 
     async def finished(self, backend: EnvBackend) -> None:
+        # Deferred: loads libvirt and aiohttp, needed only here.
         from dart.env.libvirt import LibvirtBackend
 
         # Between trajectories the VM is the pool's: idle probes cover it, and its heartbeats

@@ -16,7 +16,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from dart.agent.actions import to_wire
+from dart.agent.uitars import parse_response
 from dart.config import progress
+from dart.env.catalogue import task_events
+from dart.env.downloads import DownloadCache, task_urls, url_name
+from dart.env.live_check import live_check
+from dart.env.tasks import TaskPool, check_pool, ids_of, load_id_list, load_tasks
 from dart.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -90,6 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--timeout-s", type=float, default=120.0, help="time limit of one download")
     f.set_defaults(func=_fetch)
 
+    # Deferred: loads the Kafka clients and fastavro, and every `dart` command imports this module.
     from dart.bus.cli import add_bus_args
 
     pub = tsub.add_parser("publish", help="put tasks on the tasks topic (OSWorld files or generated synthetic ones)")
@@ -109,12 +116,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _publish(args: argparse.Namespace) -> int:
     """Publish tasks; a pool with an unsupported part or a held-out overlap is refused first."""
+    # Deferred: loads the Kafka clients and fastavro, and every `dart` command imports this module.
     from dart.bus import Producer, ensure_topics
     from dart.bus.cli import bus_from_args
-    from dart.env.catalogue import task_events
-    from dart.env.tasks import TaskPool, ids_of, load_id_list
 
     if args.synthetic:
+        # Deferred: loads Pillow, and every `dart` command imports this module.
         from dart.env.synthetic import generate_tasks
 
         tasks = generate_tasks(args.count, preset=args.synthetic, seed=args.seed, split=args.split)
@@ -150,9 +157,6 @@ def _parse(args: argparse.Namespace) -> int:
     """Read one model answer on stdin; print its actions as a JSON list of wire records
     (kind, x, y, end_x, end_y, text, direction) in screen pixels. Unreadable text prints an
     ``invalid`` record with the reason; the exit status is 0 either way."""
-    from dart.agent.actions import to_wire
-    from dart.agent.uitars import parse_response
-
     r = parse_response(sys.stdin.read(), screen=args.screen, convention=args.convention)
     actions = [dataclasses.asdict(to_wire(a)) for a in r.actions]
     out: Any = actions
@@ -166,6 +170,7 @@ def _parse(args: argparse.Namespace) -> int:
 def backend_capabilities(backend: str):
     """Capabilities of ``backend``: its own SETUP_TYPES and evaluators when its package
     declares them, else :data:`FALLBACK_SETUP_TYPES`, plus every registered metric and getter."""
+    # Deferred: loads numpy, and every `dart` command imports this module.
     from dart.env.evaluators import capabilities
 
     if backend not in FALLBACK_SETUP_TYPES:
@@ -188,15 +193,18 @@ def _backend_modules(backend: str) -> tuple[Any, Any]:
     imported here: an optional dependency of that backend is missing)."""
     try:
         if backend == "xdesktop":
+            # Deferred: loads aiohttp and Pillow, and every `dart` command imports this module.
             from dart.env import xdesktop
             from dart.env.xdesktop import setup as xdesktop_setup
 
             return xdesktop, xdesktop_setup
         if backend == "libvirt":
+            # Deferred: loads libvirt and aiohttp, and every `dart` command imports this module.
             from dart.env import libvirt
             from dart.env.libvirt import setup as libvirt_setup
 
             return libvirt, libvirt_setup
+        # Deferred: loads Pillow, and every `dart` command imports this module.
         from dart.env import synthetic
 
         return synthetic, None
@@ -209,8 +217,6 @@ def _check(args: argparse.Namespace) -> int:
     """Load the tasks (folders, task files, id lists resolved against --examples), print each
     task's setup steps, getters and metrics this project cannot run on --backend, a summary,
     and any overlap with --holdout. Exit 0 if they would load as a training pool, else 1."""
-    from dart.env.tasks import check_pool, ids_of, load_id_list, load_tasks
-
     caps = backend_capabilities(args.backend)
     tasks = load_tasks(args.paths, examples_root=args.examples)
     holdout = ids_of(load_id_list(args.holdout)) if args.holdout else frozenset()
@@ -247,7 +253,7 @@ def _live(tasks: list[Any], args: argparse.Namespace) -> int:
     import asyncio
     import random
 
-    from dart.env.live_check import live_check
+    # Deferred: loads aiohttp and Pillow, and every `dart` command imports this module.
     from dart.env.xdesktop import XDesktopBackend, XDesktopConfig
 
     if args.backend != "xdesktop":
@@ -272,9 +278,6 @@ def _fetch(args: argparse.Namespace) -> int:
     """Put every file the tasks read from a URL (download steps, cloud_file and cache_file
     getters) into the download cache: from --from DIR where files were copied by hand, else
     from the network. Prints one line per URL still missing; exit 0 when none is."""
-    from dart.env.downloads import DownloadCache, task_urls, url_name
-    from dart.env.tasks import load_tasks
-
     cache = DownloadCache(args.downloads)
     tasks = load_tasks(args.paths, examples_root=args.examples)
     urls = list(dict.fromkeys(u for t in tasks for u in task_urls(t)))

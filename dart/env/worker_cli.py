@@ -12,6 +12,8 @@ import asyncio
 import signal
 from typing import Any
 
+from dart.blobs import open_store
+from dart.bus import ensure_topics
 from dart.bus.cli import add_bus_args, bus_from_args
 from dart.config import add_config_args, build, config_from_args, field_docs
 
@@ -19,6 +21,7 @@ _FLAGS = ("backend", "slots", "blobs", "worker_id", "run_id", "group", "reply_ti
 
 
 def register(sub: Any) -> None:
+    # Deferred: loads libvirt and aiohttp, and every `dart` command imports this module.
     from dart.env.config import EnvWorkerConfig
 
     docs = field_docs(EnvWorkerConfig)
@@ -40,6 +43,7 @@ def register(sub: Any) -> None:
 
 def worker_config_from_args(args: argparse.Namespace) -> Any:
     """The worker's config: YAML ``env:`` section, then flags, then dotted overrides."""
+    # Deferred: loads libvirt and aiohttp, and every `dart` command imports this module.
     from dart.env.config import EnvWorkerConfig
 
     flags = {f"env.{flag}": getattr(args, flag, None) for flag in _FLAGS}
@@ -49,8 +53,7 @@ def worker_config_from_args(args: argparse.Namespace) -> Any:
 
 
 def cmd_env_worker(args: argparse.Namespace) -> int:
-    from dart.blobs import open_store
-    from dart.bus import ensure_topics
+    # Deferred: loads libvirt and aiohttp, and every `dart` command imports this module.
     from dart.env.worker import EnvWorker
 
     cfg = worker_config_from_args(args)

@@ -40,6 +40,7 @@ _CODEC = frozenset({"decode", "encode", "registry", "to_json_dict"})
 
 def __getattr__(name: str) -> Any:
     if name in _CODEC:
+        # Deferred: loads fastavro, needed only here.
         from dart.events import codec
 
         return getattr(codec, name)

@@ -95,6 +95,7 @@ def all_examples() -> list[Event]:
         WeightsLoaded.new(run_id=RUN, producer="rollout-0", worker_id="rollout-0", version=13, previous_version=12,
                           ok=True, fetch_s=0.05, swap_s=0.125),
     ]
+    # Deferred: loads fastavro, needed only here.
     from dart.events.codec import encode
 
     events.append(DeadLetter.new(run_id=RUN, producer="data-manager", source_topic="dart.rewards", partition=1,

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, ClassVar, Self
 
-# Per-token arrays travel as packed little-endian bytes: Avro arrays of numbers cost ~0.3 us
-# per element to write and read, which made encode+decode slower than the broker itself.
+# Per-token arrays travel as packed little-endian bytes: an Avro array of numbers is written and
+# read one element at a time, which made encode+decode slower than the broker itself.
 PACKED_INT32 = {"avro": "packed_int32"}
 PACKED_FLOAT32 = {"avro": "packed_float32"}
 
@@ -200,7 +200,8 @@ class ActionChosen(Event):
     newer_version_seen: int | None = None
 
     def __post_init__(self) -> None:
-        # Packed arrays: decoding 3 x 500 floats into lists cost more than the broker round trip.
+        # Packed arrays stay arrays: decoding a step's per-token arrays into lists cost more than the
+        # broker round trip.
         for name, code in (("response_token_ids", "i"), ("logprobs", "f"), ("entropies", "f")):
             value = getattr(self, name)
             if type(value) is not array.array or value.typecode != code:

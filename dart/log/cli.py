@@ -17,9 +17,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dart.bus.cli import add_bus_args, bus_from_args
+from dart.bus.cli import add_bus_args, bus_from_args, require_broker
 from dart.config import add_config_args, build, config_from_args, progress
-from dart.rundir import add_run_arg
+from dart.errors import ConfigError
+from dart.log import list_segments
+from dart.log.archiver import Archiver, ArchiverConfig, run_archiver
+from dart.log.check import format_listing, listing, verify
+from dart.log.restore import import_archive
+from dart.rundir import RunMissing, add_run_arg
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +37,6 @@ def log_dir_of(path: str | Path) -> Path:
 
 def existing_log_dir(path: str | Path) -> Path:
     """:func:`log_dir_of` of a path that must already hold an archive (ls, verify, import read it)."""
-    from dart.rundir import RunMissing
-
     where = log_dir_of(path)
     if not where.is_dir():
         raise RunMissing(f"no archive at {where}: name a run directory (runs/local) or its log/ folder; "
@@ -45,8 +48,6 @@ def _path(args: argparse.Namespace) -> str:
     """PATH, or --run RUN_DIR (the same thing)."""
     path = getattr(args, "path", None) or getattr(args, "run", None)
     if path is None:
-        from dart.errors import ConfigError
-
         raise ConfigError("give the run directory (PATH or --run RUN_DIR)")
     return path
 
@@ -84,22 +85,16 @@ def register(sub: Any) -> None:
 
 
 def archiver_config(args: argparse.Namespace) -> Any:
-    from dart.log.archiver import ArchiverConfig
-
     flags = {"archiver.log_dir": getattr(args, "log_dir", None),
              "archiver.flush_interval_s": getattr(args, "flush_interval_s", None) or None}
     return build(ArchiverConfig, config_from_args(args, flags=flags).get("archiver") or {}, path="archiver")
 
 
 def cmd_archiver(args: argparse.Namespace) -> int:
-    from dart.log.archiver import run_archiver
-
     return run_archiver(archiver_config(args), bus_from_args(args))
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from dart.log.check import format_listing, listing
-
     rows = listing(existing_log_dir(_path(args)))
     if not rows:
         print(f"dart log ls: no archived records in {existing_log_dir(_path(args))}", file=sys.stderr)
@@ -108,8 +103,6 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from dart.log.check import verify
-
     where = existing_log_dir(_path(args))
     verdict = verify(where)
     for line in verdict.dead_lettered:
@@ -144,9 +137,6 @@ def counting(count: Callable[[], int], *, desc: str, unit: str) -> Iterator[None
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from dart.bus.cli import require_broker
-    from dart.log.archiver import Archiver, ArchiverConfig
-
     where = log_dir_of(args.path)
     bus = bus_from_args(args)
     require_broker(bus)
@@ -158,9 +148,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from dart.log import list_segments
-    from dart.log.restore import import_archive
-
     where = existing_log_dir(args.path)
     bus = bus_from_args(args)
     parts = list_segments(where)

@@ -30,9 +30,9 @@ class Recipe:
     what lets it tell where a button is: with Qwen's default (base 1e6, contiguous sections)
     the width axis turns by ~2e-4 rad per position and SFT never grounded (see the benchmark)."""
     threads: int = 1
-    """torch CPU threads of the trainer and the rollout workers (1: on a shared 2-core machine
-    more threads run 5-10x slower: `benchmarks/rollout_throughput.py --threads 2 1`, niced beside a
-    running `make run`, measured the rollout worker's generation 8.2x faster on one thread)."""
+    """torch CPU threads of the trainer and the rollout workers (1: on a shared 2-core machine more
+    threads fight over the cores and run slower, not faster; `benchmarks/rollout_throughput.py
+    --threads 2 1` beside a running `make run` measures it)."""
     preset: str = "tiny"
     """Synthetic task preset."""
     train_tasks: int = 400
@@ -51,8 +51,8 @@ class Recipe:
     prompt: PromptConfig = field(default_factory=lambda: PromptConfig(template="compact", min_pixels=112 * 112))
     """Prompt builder settings (the rollout workers and the trainer must use the same). The
     compact template (instruction alone) and screens kept at their own 112 x 112 size (16 image
-    tokens instead of the 100 that UI-TARS' 280 x 280 minimum makes) bring a step to ~75 tokens:
-    an SFT step costs ~30 ms instead of ~140 ms, and it grounds as fast per step."""
+    tokens instead of the 100 that UI-TARS' 280 x 280 minimum makes) make a step a few times
+    shorter: an SFT step costs a fraction as much, and it grounds as fast per step."""
     convention: Literal["qwen25vl", "qwen2vl"] = "qwen2vl"
     """Coordinate convention of the answers (the rollout workers' ``convention``): qwen2vl's
     0-1000 frame does not depend on the prompt's pixel bounds (qwen25vl's resized-pixel frame
@@ -69,7 +69,7 @@ class Recipe:
     whole words): the warm start never sees them solved, RL learns them from reward alone."""
     sft_steps: int = 3000
     """Most SFT optimiser steps (micro-batches of fresh shuffles of the demonstrations); with
-    ``sft_target_success`` SFT usually stops long before (~1,500 steps)."""
+    ``sft_target_success`` SFT usually stops long before."""
     sft_target_success: float | None = 0.5
     """Stop SFT early, at the first check where greedy success on training tasks reaches this
     (a partial warm start at a chosen level, whatever the seed; None: run all ``sft_steps``)."""
@@ -77,9 +77,9 @@ class Recipe:
     """SFT steps between two checks of ``sft_target_success``."""
     sft_fine_check_every: int | None = None
     """SFT steps between two checks once a check has scored above zero (None: ``sft_check_every``).
-    On the ``chain`` preset success sits at 0.00-0.03 for ~2,000 steps and then climbs 0.04 ->
-    0.24 -> 0.41 -> 0.62 -> 0.87 in 200 steps (seed 1, checks every 50): checks every 250 steps
-    jumped from 0.03 straight to 0.76, twice the target."""
+    Success can sit near zero for most of SFT and then climb past the target within a few coarse
+    checks (the ``chain`` preset does): finer checks once it moves stop SFT near the target rather
+    than far above it."""
     sft_check_episodes: int = 100
     """Greedy episodes on training tasks per check (never the held-out tasks)."""
     sft_lr: float = 1e-3
@@ -96,8 +96,8 @@ class Recipe:
     """Rollouts per task."""
     rl_lr: float = 6e-4
     """AdamW learning rate of RL (the paper's 1e-6 moves a random-init tiny model nowhere). 6e-4
-    gets in 45 updates what 3e-4 got in 80 (seed 1, one process: +18.5 vs +20.0 points); at 3e-4
-    the ~45 updates that fit ``make run``'s time were where seed 1 was still half-way (+6.5)."""
+    reaches in the updates that fit ``make run``'s time about the gain 3e-4 reaches in nearly twice
+    as many (`benchmarks/learning.py --set recipe.rl_lr=3e-4` measures the other side)."""
     weight_decay: float = 0.0
     """AdamW weight decay of RL."""
     max_grad_norm: float = 2.0
@@ -131,7 +131,7 @@ class Recipe:
     """Evaluation sampling temperature (0: greedy)."""
     eval_every: int = 0
     """One-process runs (``run_recipe``): held-out success every this many updates as well, a curve
-    to tell a trend from the spread of one end point (~1.5 s per evaluation here; 0: off)."""
+    to tell a trend from the spread of one end point (each costs a held-out evaluation; 0: off)."""
     engine_batch: int = 64
     """Most prompts the hf engine answers in one generate call."""
 

@@ -23,6 +23,7 @@ from dart.data.rows import masked_mean
 from dart.env.episode import Episode
 from dart.env.synthetic import SyntheticBackend
 from dart.events import Sampling
+from dart.rollout.hf_engine import HFEngine, HFEngineConfig
 
 if TYPE_CHECKING:
     from dart.agent.model import Policy
@@ -122,12 +123,10 @@ def success_by_instruction(outcomes: Sequence[tuple[dict[str, Any], bool]], *, m
 def evaluate(policy: Policy, tasks: Sequence[dict[str, Any]], episodes: int, *, store: BlobStore,
              recipe: Recipe, phase: int = 0, outcomes: list[tuple[dict[str, Any], bool]] | None = None) -> float:
     """:func:`evaluate_async` with a fresh ``hf`` engine over ``policy`` (blocking)."""
-    from dart.rollout.hf_engine import HFEngine, HFEngineConfig
-
     async def main() -> float:
         # the recipe's torch threads, as every service of the run: `dart up` evaluating a given warm
         # start (no SFT before it to set them) ran on torch's default of one thread per core, and
-        # on a loaded 2-core machine 899 episodes took 615 s where one thread takes seconds
+        # on a loaded 2-core machine its threads fought over the cores: minutes where one thread takes seconds
         engine = HFEngine(policy, HFEngineConfig(max_batch_size=recipe.engine_batch, threads=recipe.threads))
         try:
             return await evaluate_async(engine, tasks, episodes, store=store, recipe=recipe, phase=phase,

@@ -38,6 +38,11 @@ from dart.events.manifest import BatchManifest
 from dart.recipe.config import Recipe, curation_config, make_tasks
 from dart.recipe.episodes import Trajectory, evaluate, evaluate_async, rollout_groups
 from dart.recipe.warmstart import Log, oracle_samples, warm_start
+from dart.rollout.hf_engine import HFEngine, HFEngineConfig
+from dart.train.batch import micro_batches, prepare_samples, step_mask
+from dart.train.config import EngineConfig, OptimConfig
+from dart.train.engine import ReferencePolicy, TorchEngine
+from dart.train.update import apply_update
 
 
 def outcome_of(t: Trajectory, index: int, *, update: int) -> Outcome:
@@ -98,9 +103,6 @@ def batch_of(trajectories: Sequence[Trajectory], *, update: int, recipe: Recipe,
 def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Trajectory], *, store: BlobStore,
               recipe: Recipe, update: int, tasks: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:
     """One GRPO update on the trajectories, through the trainer's own batch preparation and update."""
-    from dart.train.batch import micro_batches, prepare_samples, step_mask
-    from dart.train.update import apply_update
-
     manifest = batch_of(trajectories, update=update, recipe=recipe, policy=policy, store=store, tasks=tasks)
     if not manifest.samples:
         return {"samples": 0.0}
@@ -133,9 +135,6 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: P
     to study RL settings on one warm start.
     """
     import torch
-
-    from dart.train.config import EngineConfig, OptimConfig
-    from dart.train.engine import ReferencePolicy, TorchEngine
 
     t_all = time.perf_counter()
     torch.set_num_threads(recipe.threads)
@@ -179,8 +178,6 @@ async def rl_phase(policy: Policy, engine: Any, ref: Any, train: list[dict[str, 
                    *, store: BlobStore, recipe: Recipe, log: Log) -> dict[str, Any]:
     """``recipe.updates`` GRPO updates, each on fresh rollouts of ``tasks_per_update`` training
     tasks by the policy being trained; returns train_success, updates and held_out_curve."""
-    from dart.rollout.hf_engine import HFEngine, HFEngineConfig
-
     rng = random.Random(recipe.seed)
     by_id = {t["id"]: t for t in train}
     out: dict[str, Any] = {"train_success": [], "updates": [], "held_out_curve": []}

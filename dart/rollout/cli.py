@@ -7,8 +7,12 @@ import asyncio
 import signal
 from typing import Any
 
+from dart.agent.model import load_policy
+from dart.agent.tiny import build_tiny
+from dart.blobs import open_store
 from dart.bus.cli import add_bus_args, bus_from_args
 from dart.config import add_config_args, build, config_from_args, field_docs
+from dart.rollout.hf_engine import HFEngine, HFEngineConfig
 
 
 def register(sub: Any) -> None:
@@ -30,6 +34,7 @@ def register(sub: Any) -> None:
                    help="most requests generated together (default %(default)s)")
     p.set_defaults(func=cmd_serve)
 
+    # Deferred: loads torch, and every `dart` command imports this module.
     from dart.rollout.service import RolloutWorkerConfig
 
     docs = field_docs(RolloutWorkerConfig)
@@ -47,8 +52,6 @@ def register(sub: Any) -> None:
 
 
 def cmd_model_tiny(args: argparse.Namespace) -> int:
-    from dart.agent.tiny import build_tiny
-
     out = build_tiny(args.out_dir, seed=args.seed)
     print(f"tiny Qwen2.5-VL (seed {args.seed}) written to {out}")
     return 0
@@ -57,8 +60,7 @@ def cmd_model_tiny(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from dart.agent.model import load_policy
-    from dart.rollout.hf_engine import HFEngine, HFEngineConfig
+    # Deferred: loads aiohttp, and every `dart` command imports this module.
     from dart.rollout.server import make_app
 
     policy = load_policy(args.model, args.device)
@@ -70,6 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def worker_config_from_args(args: argparse.Namespace) -> Any:
+    # Deferred: loads torch, and every `dart` command imports this module.
     from dart.rollout.service import RolloutWorkerConfig
 
     flags = {f"rollout.{flag}": getattr(args, flag, None)
@@ -79,7 +82,7 @@ def worker_config_from_args(args: argparse.Namespace) -> Any:
 
 
 def cmd_rollout_worker(args: argparse.Namespace) -> int:
-    from dart.blobs import open_store
+    # Deferred: loads torch, and every `dart` command imports this module.
     from dart.rollout.service import RolloutWorker, make_engine
 
     cfg = worker_config_from_args(args)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from dart.agent.model import Policy
 from dart.agent.prompt import PromptInputs, encode_prompt
-from dart.agent.weights import check_state_dict
+from dart.agent.weight_format import check_state_dict
 from dart.config import require
 from dart.errors import DartError
 from dart.rollout.engine import (

@@ -25,8 +25,9 @@ from typing import Literal
 
 from dart.agent.actions import InvalidAction, to_wire
 from dart.agent.decide import Decision, decide, wire_actions
+from dart.agent.model import load_policy
 from dart.agent.prompt import PromptConfig, blob_image_loader
-from dart.agent.transfer import TransferConfig
+from dart.agent.weight_broadcast import TransferConfig
 from dart.blobs import BlobStore
 from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Producer
 from dart.config import require
@@ -34,10 +35,11 @@ from dart.errors import DartError
 from dart.events import ActionChosen, Event, ObservationEmitted, ParsedAction, WorkerHeartbeat
 from dart.events.manifest import PromptContext
 from dart.rollout.engine import Engine, Generation
-from dart.rollout.hf_engine import HFEngineConfig
-from dart.rollout.openai_engine import OpenAIEngineConfig
-from dart.rollout.transfer import open_receiver
-from dart.rollout.weights import WeightFollower
+from dart.rollout.hf_engine import HFEngine, HFEngineConfig
+from dart.rollout.openai_engine import OpenAIEngine, OpenAIEngineConfig
+from dart.rollout.vllm_engine import VLLMEngine
+from dart.rollout.weight_receive import open_receiver
+from dart.rollout.weight_swap import WeightFollower
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +99,9 @@ class RolloutWorkerConfig:
 def make_engine(cfg: RolloutWorkerConfig) -> Engine:
     """The engine ``cfg`` names (loads the model for hf / vllm)."""
     if cfg.engine == "openai":
-        from dart.rollout.openai_engine import OpenAIEngine
-
         return OpenAIEngine(cfg.openai)
     if cfg.engine == "vllm":
-        from dart.rollout.vllm_engine import VLLMEngine
-
         return VLLMEngine(cfg.model, initial_version=cfg.hf.initial_version)
-    from dart.agent.model import load_policy
-    from dart.rollout.hf_engine import HFEngine
 
     return HFEngine(load_policy(cfg.model, cfg.device, dtype=cfg.dtype), cfg.hf)
 

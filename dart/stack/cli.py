@@ -9,8 +9,11 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from dart.blobs import LocalBlobStore
 from dart.config import add_config_args, build, config_from_args
+from dart.recipe.measure import success
 from dart.resources import config_path
+from dart.rundir import RunMissing, open_run
 
 DEFAULT_CONFIG = config_path("synthetic.yaml")
 
@@ -37,6 +40,7 @@ def register(sub: Any) -> None:
                    help="the run's directory: its stack config and workdir, as `dart up` wrote them in RUN_DIR/run.json")
     p.set_defaults(func=cmd_eval)
 
+    # Deferred: loads the Kafka clients and fastavro, and every `dart` command imports this module.
     from dart.data.cli import add_replay_args
 
     p = sub.add_parser("replay", help="store (the default): rebuild the projection from the log and prove it "
@@ -80,6 +84,7 @@ def load_stack_config(args: argparse.Namespace) -> Any:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    # Deferred: loads torch, and every `dart` command imports this module.
     from dart.stack.up import up
 
     cfg = load_stack_config(args)  # every service's config built: a mistake is refused before anything starts
@@ -97,24 +102,19 @@ def _interrupt(signum: int, frame: Any) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from dart.blobs import LocalBlobStore
+    # Deferred: loads torch, and every `dart` command imports this module.
     from dart.recipe.config import make_tasks
     from dart.recipe.episodes import evaluate, success_by_instruction
-    from dart.recipe.measure import success
     from dart.stack.up import load_checkpoint_policy
     from dart.train.checkpoint import latest_checkpoint
 
     given = args.config or next((i for i in args.config_items or [] if "=" not in i), None)
     if args.run is not None:
-        from dart.rundir import open_run
-
         run = open_run(args.run)
         if run.config is not None and given is None:
             given = args.config = str(run.config)
         args.workdir = args.run
     if not Path(given or DEFAULT_CONFIG).is_file():
-        from dart.rundir import RunMissing
-
         raise RunMissing(f"no config file {given}: give the stack YAML `dart up` ran (e.g. configs/synthetic.yaml)")
     cfg = load_stack_config(args)
     workdir = cfg.workdir.resolve()
@@ -122,8 +122,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     checkpoint = args.checkpoint or (latest_checkpoint(workdir / "checkpoints") if args.latest else None)
     model = args.model or (workdir / "warm")
     if not (model / "config.json").exists():
-        from dart.rundir import RunMissing
-
         raise RunMissing(f"no policy in {model}: a run's warm start writes WORKDIR/warm (`make run`; name the run "
                          f"with --run RUN_DIR), or give --model DIR")
     _, held_out = make_tasks(recipe)
@@ -160,13 +158,15 @@ class _ReplayParser(argparse.ArgumentParser):
 
 
 def cmd_replay_store(args: argparse.Namespace) -> int:
+    # Deferred: loads the Kafka clients and fastavro, and every `dart` command imports this module.
     from dart.data.cli import cmd_replay as replay_store
 
     return replay_store(args)
 
 
 def cmd_replay_update(args: argparse.Namespace) -> int:
-    from dart.recipe.debug import replay_update
+    # Deferred: loads torch, and every `dart` command imports this module.
+    from dart.stack.rerun import replay_update
 
     _require_run_dir(args.run_dir)
     update = replay_update(args.run_dir, args.version, trainer_config=args.trainer_config)
@@ -175,7 +175,8 @@ def cmd_replay_update(args: argparse.Namespace) -> int:
 
 
 def cmd_replay_decision(args: argparse.Namespace) -> int:
-    from dart.recipe.debug import replay_decision
+    # Deferred: loads torch, and every `dart` command imports this module.
+    from dart.stack.rerun import replay_decision
 
     _require_run_dir(args.run_dir)
     result = replay_decision(args.run_dir, args.rollout_id, args.step, worker_config=args.worker_config)
@@ -184,8 +185,6 @@ def cmd_replay_decision(args: argparse.Namespace) -> int:
 
 
 def _require_run_dir(run_dir: Path) -> None:
-    from dart.rundir import RunMissing
-
     if not (run_dir / "log").is_dir():
         raise RunMissing(f"{run_dir} is not a run directory with an archived log (no {run_dir / 'log'}): "
                          f"name the directory `dart up` ran in, e.g. runs/local")

@@ -56,8 +56,8 @@ class RolloutSection(RolloutWorkerConfig):
     nice: int = 0
     """CPU priority of the rollout workers (and `dart serve`) below the other services' (0-19), for
     a machine where the trainer's CPU time is what limits updates. Not the default: measured on 2
-    cores with `make run`, the trainer waits for batches most of the time (one update takes ~6 s of
-    its ~50 s cycle) and niced rollout workers only made fewer samples, and a CPU hog beside
+    cores with `make run`, the trainer waits for batches most of the time (an update is a small part
+    of its cycle) and niced rollout workers only made fewer samples, and a CPU hog beside
     the run (nice 0) would take their share first."""
 
     def __post_init__(self) -> None:

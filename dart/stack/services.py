@@ -16,7 +16,7 @@ import yaml
 from dart.config import as_mapping
 from dart.env.config import EnvWorkerConfig
 from dart.log.archiver import ArchiverConfig
-from dart.obs.sink import MetricsConfig
+from dart.metrics.sink import MetricsConfig
 from dart.rollout.hf_engine import HFEngineConfig
 from dart.rollout.service import RolloutWorkerConfig
 from dart.rundir import tensorboard_dir

@@ -22,7 +22,7 @@ from typing import Any
 
 from dart.agent.model import load_policy
 from dart.agent.tiny import build_tiny
-from dart.agent.weights import check_state_dict, state_dict_from_bytes
+from dart.agent.weight_format import check_state_dict, state_dict_from_bytes
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
 from dart.data.cli import sql_client
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 SERVE_START_S = 300.0
 """How long `dart up` waits for the `dart serve` it started to answer (torch and the model load
-first: ~10 s on an idle machine, minutes on a loaded 2-core one)."""
+first, which takes minutes on a loaded 2-core machine)."""
 
 
 def say(line: str) -> None:

@@ -9,8 +9,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dart.blobs import open_store
 from dart.config import add_config_args, build, config_from_args
 from dart.errors import ConfigError
+from dart.train.weight_publish import put_weights, weights_published
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ def train_section(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    # Deferred: loads the Kafka clients and fastavro, and every `dart` command imports this module.
     from dart.bus.cli import bus_from_args
 
     if args.sft is not None:
@@ -56,10 +59,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     section = train_section(args)
     if not args.config:
         raise ConfigError("give a CONFIG file (`dart train configs/train.yaml`) or --sft DATA for a warm start")
+    # Deferred: loads torch, and every `dart` command imports this module.
     from dart.train.config import TrainerConfig
     from dart.train.trainer import TrainerHalted, serve
 
     cfg = build(TrainerConfig, section, path="train")
+    # Deferred: loads torch, and every `dart` command imports this module.
     from dart.train import ranks
 
     if ranks.world()[1] > 1:  # one rank of several, under a launcher
@@ -86,7 +91,7 @@ def launch_args(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from dart.blobs import open_store
+    # Deferred: loads torch, and every `dart` command imports this module.
     from dart.train.sft import SFTConfig, run_sft
 
     section = train_section(args)
@@ -111,9 +116,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 async def publish_initial(args: argparse.Namespace, section: dict[str, Any], out: Path, store: Any) -> None:
+    # Deferred: loads the Kafka clients and fastavro, and every `dart` command imports this module.
     from dart.bus import Producer
     from dart.bus.cli import bus_from_args
-    from dart.train.weights import put_weights, weights_published
 
     producer = Producer(bus_from_args(args), client_id=section.get("worker_id", "trainer-0"))
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from dart.agent.prompt import PromptConfig
-from dart.agent.transfer import TransferConfig
+from dart.agent.weight_broadcast import TransferConfig
 from dart.config import require
 from dart.train.loss import LossConfig
 
@@ -106,7 +106,7 @@ class TrainerConfig:
     with more than one step per batch, π_old is the policy before the batch and the PPO clip acts."""
     transfer: TransferConfig = field(default_factory=TransferConfig)
     """How published versions reach the rollout workers: the blob store (default) or also a direct
-    broadcast to the workers' group (:mod:`dart.agent.transfer`)."""
+    broadcast to the workers' group (:mod:`dart.agent.weight_broadcast`)."""
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)

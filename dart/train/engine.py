@@ -165,7 +165,7 @@ class DeepSpeedEngine:
 
         self.device = resolve_device(engine.device)
         if self.device.type == "cpu":
-            # NOTE: without this DeepSpeed JIT-builds its shared-memory comm op (1-1.5 min) on CPU.
+            # NOTE: without this DeepSpeed JIT-builds its shared-memory comm op on CPU (a compile at start-up).
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         else:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dart.agent.weights import write_weights
+from dart.agent.weight_format import write_weights
 from dart.blobs import open_store
 from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Producer, stop_on_signals
 from dart.errors import ConfigError

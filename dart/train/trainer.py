@@ -22,7 +22,7 @@ import torch
 
 from dart.agent.model import load_policy
 from dart.agent.prompt import blob_image_loader
-from dart.agent.weights import write_weights
+from dart.agent.weight_format import write_weights
 from dart.blobs import BlobStore, open_store
 from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Producer, stop_on_signals
 from dart.events import BatchAssembled, TrainStepCompleted, WeightsPublished
@@ -31,9 +31,9 @@ from dart.train.batch import Dropped, ModelBatch, micro_batches, prepare_samples
 from dart.train.checkpoint import TrainState, commit_checkpoint, latest_checkpoint, load_rng, read_state
 from dart.train.config import TrainerConfig
 from dart.train.engine import Engine, ReferencePolicy, build_engine
-from dart.train.transfer import WeightTransfer, make_transfer
 from dart.train.update import UpdateResult, apply_update, step_metrics
-from dart.train.weights import weights_published
+from dart.train.weight_publish import weights_published
+from dart.train.weight_send import WeightTransfer, make_transfer
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import torch
 from dart.agent.model import load_policy, score_response
 from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt
 from dart.agent.tiny import build_tiny
-from dart.agent.weights import check_state_dict, state_dict_from_bytes, state_dict_to_bytes
+from dart.agent.weight_format import check_state_dict, state_dict_from_bytes, state_dict_to_bytes
 from dart.errors import BlobCorrupted, ConfigError
 from tests.agent.screens import SMALL, context
 

@@ -21,7 +21,7 @@ def dart(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess
 
 def test_tail_decodes_what_another_process_produced(bus: BusConfig):
     env = {"DART_BOOTSTRAP": bus.bootstrap, "DART_TOPIC_PREFIX": bus.prefix}
-    code = "import asyncio; from dart.bus.cli import _demo_produce; asyncio.run(_demo_produce(4))"
+    code = "import asyncio; from dart.demo import _demo_produce; asyncio.run(_demo_produce(4))"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, **env}, timeout=60)
     out = dart("tail", "trajectories", "--max", "4", env=env)
     assert out.returncode == 0, out.stderr

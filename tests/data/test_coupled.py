@@ -12,8 +12,8 @@ import pytest
 from dart.bus import BusConfig, read_topic
 from dart.data.config import BatcherConfig, CurationConfig, SchedulerConfig
 from dart.data.coupled import RoundState, lagging_workers, plan_round
-from dart.data.decide import live_rollout_workers
 from dart.data.manager import DataManager
+from dart.data.rule_inputs import live_rollout_workers
 from dart.data.scheduler import Beat, TaskState
 from dart.data.store import Store
 from dart.events import BatchAssembled, RolloutRequested

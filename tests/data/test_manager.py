@@ -298,7 +298,7 @@ async def test_the_horizon_is_kept_only_once_the_projection_holds_the_log(bus: B
     """Before the consumer reached the end of the log, rows with old time stamps may still come:
     every pass reads the whole run. After, the horizon moves, never past a request sent and not
     seen projected."""
-    from dart.data.decide import Horizon
+    from dart.data.rule_inputs import Horizon
 
     dm = DataManager(config(scheduler=SchedulerConfig()), bus, store=store, blobs=blobs)
     try:

@@ -267,7 +267,7 @@ def test_a_task_only_an_oracle_solved_keeps_the_full_step_cap(store: Store) -> N
     import dataclasses
 
     from dart.data.config import CurationConfig, DataConfig
-    from dart.data.decide import schedule_inputs
+    from dart.data.rule_inputs import schedule_inputs
 
     solved, _ = group("a", [1.0, 0.0], t=T0, steps=8)
     unsolved, _ = group("b", [0.0, 0.0], t=T0, steps=20)
@@ -289,7 +289,7 @@ def test_a_pass_from_the_horizon_decides_what_a_whole_read_decides(store: Store)
     import dataclasses
 
     from dart.data.config import CurationConfig, DataConfig, SchedulerConfig
-    from dart.data.decide import Horizon, batch_inputs, schedule_inputs
+    from dart.data.rule_inputs import Horizon, batch_inputs, schedule_inputs
     from dart.events import BatchAssembled
 
     cfg = DataConfig(scheduler=SchedulerConfig(capacity=16),
@@ -346,7 +346,7 @@ def test_rates_lengths_and_the_pool_are_read_again_every_stats_every_s_or_on_a_n
     ``scheduler.stats_every_s`` or when the policy version moves; in between a pass decides on
     the numbers it kept. A fresh ``SlowStats`` (``every_ms=0``) reads on every pass."""
     from dart.data.config import CurationConfig, DataConfig, SchedulerConfig
-    from dart.data.decide import Horizon, SlowStats, batch_inputs, schedule_inputs
+    from dart.data.rule_inputs import Horizon, SlowStats, batch_inputs, schedule_inputs
     from tests.data.factories import weights
 
     cfg = DataConfig(scheduler=SchedulerConfig(capacity=16, stats_every_s=10.0),

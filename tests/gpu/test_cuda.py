@@ -32,7 +32,7 @@ import torch
 from dart.agent.model import Policy, load_policy
 from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt
 from dart.agent.tiny import build_tiny
-from dart.agent.weights import write_weights
+from dart.agent.weight_format import write_weights
 from dart.blobs import LocalBlobStore
 from dart.events import Sampling
 from dart.events.manifest import BatchManifest

@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from dart.agent.model import Policy, load_policy
-from dart.agent.weights import write_weights
+from dart.agent.weight_format import write_weights
 from dart.blobs import LocalBlobStore
 from dart.events.manifest import BatchManifest
 from dart.train.batch import ModelBatch, micro_batches, prepare_samples, step_mask

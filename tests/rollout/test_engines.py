@@ -10,7 +10,7 @@ import torch
 
 from dart.agent.model import load_policy, score_response
 from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt
-from dart.agent.weights import state_dict_to_bytes
+from dart.agent.weight_format import state_dict_to_bytes
 from dart.errors import BlobCorrupted
 from dart.events import Sampling
 from dart.rollout.engine import (
@@ -132,7 +132,7 @@ async def test_bad_prompt_fails_its_request_only(policy, store):
 
 async def test_weight_swap_mid_stream_fails_nothing_and_stamps_versions(tiny_dir, store, tmp_path):
     from dart.agent.tiny import build_tiny
-    from dart.agent.weights import state_dict_from_bytes
+    from dart.agent.weight_format import state_dict_from_bytes
 
     own = load_policy(tiny_dir)  # a private copy: this test changes its weights
     other = state_dict_from_bytes(state_dict_to_bytes(load_policy(build_tiny(tmp_path / "v1", seed=1)).model))

@@ -10,14 +10,14 @@ import pytest
 from dart.agent.model import load_policy
 from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt, prompt_hash
 from dart.agent.tiny import build_tiny
-from dart.agent.weights import state_dict_to_bytes
+from dart.agent.weight_format import state_dict_to_bytes
 from dart.bus import Producer, ReplyInbox, read_topic
 from dart.events import ActionChosen, ObservationEmitted, Sampling, WeightsLoaded
 from dart.events.manifest import PromptContext
 from dart.rollout.hf_engine import HFEngine
 from dart.rollout.service import RolloutWorker, RolloutWorkerConfig
 from tests.agent.screens import SMALL, context
-from tests.rollout.test_weights import publish
+from tests.rollout.test_weight_swap import publish
 
 pytestmark = pytest.mark.kafka
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from dart.agent.model import load_policy
-from dart.agent.weights import check_state_dict, state_dict_from_bytes
+from dart.agent.weight_format import check_state_dict, state_dict_from_bytes
 from dart.blobs import LocalBlobStore
 from dart.bus import read_topic
 from dart.errors import DecodeError

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dart.agent.model import load_policy
-from dart.agent.weights import check_state_dict, state_dict_from_bytes, weights_sha256
+from dart.agent.weight_format import check_state_dict, state_dict_from_bytes, weights_sha256
 from dart.blobs import LocalBlobStore
 from dart.events.manifest import BatchManifest
 from dart.train.batch import collate, micro_batches, prepare_samples, step_mask

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dart.env.downloads import DownloadCache
 from dart.env.evaluators.files import FileContent
 from dart.env.evaluators.registry import EvalContext, register_getter
 from dart.errors import ConfigError
@@ -103,8 +104,6 @@ async def rule(env: EnvAccess, params: dict[str, Any], ctx: EvalContext) -> Any:
 
 
 def _downloads(ctx: EvalContext) -> Any:
-    from dart.env.downloads import DownloadCache
-
     cache = ctx.extras.get("downloads")
     return cache if cache is not None else DownloadCache()
 

@@ -16,8 +16,9 @@ from xml.etree import ElementTree
 
 import numpy as np
 
-from dart.env.evaluators.files import as_file
+from dart.env.evaluators.files import FileContent, as_file
 from dart.env.evaluators.metrics_basic import as_text, need_expected
+from dart.env.evaluators.metrics_docs import compare_docx_files, compare_pdfs
 from dart.env.evaluators.registry import register_metric
 
 SSIM_SAME = 0.9
@@ -268,9 +269,6 @@ def compare_zip_files(result: Any, expected: Any = None, **options: Any) -> floa
 def compare_archive(result: Any, expected: Any = None, **options: Any) -> float:
     """The .zip archives hold the same file names (under ``file_path``); members of
     ``file_type`` pdf / docx / text compare by content with that type's metric, others by bytes."""
-    from dart.env.evaluators.files import FileContent
-    from dart.env.evaluators.metrics_docs import compare_docx_files, compare_pdfs
-
     want, got = _members(expected, expected=True), _members(result)
     if got is None or want is None:
         return 0.0

@@ -12,6 +12,7 @@ from xml.etree import ElementTree
 
 from rapidfuzz import fuzz
 
+from dart.env.evaluators.files import as_file
 from dart.env.evaluators.metrics_basic import as_text, need_expected
 from dart.env.evaluators.metrics_docs import compare_docx_files, open_docx, paragraphs
 from dart.env.evaluators.metrics_slides import open_pptx
@@ -173,8 +174,6 @@ def fuzzy_place_math(result: Any, expected: Any = None, **options: Any) -> float
 @register_metric("compare_conference_city_in_order")
 def compare_conference_city_in_order(result: Any, expected: Any = None, **options: Any) -> float:
     """Column C of the first sheet (from row 2) names the expected cities in order (any of a list's names)."""
-    from dart.env.evaluators.files import as_file
-
     f = as_file(result)
     if f is None:
         return 0.0
@@ -257,8 +256,6 @@ def _odt_highlighted_text(value: Any) -> tuple[str, bool] | None:
     from odf import teletype, text
     from odf.opendocument import load
     from odf.style import Style, TextProperties
-
-    from dart.env.evaluators.files import as_file
 
     f = as_file(value)
     if f is None:

@@ -9,6 +9,7 @@ import contextlib
 import signal
 
 from dart.env.guest_agent.protocol import DEFAULT_HOST, DEFAULT_PORT, TOKEN_FILE
+from dart.env.guest_agent.server import AgentConfig, nic_address, read_token, serve
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,8 +36,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _guest_agent(args: argparse.Namespace) -> int:
     import os
-
-    from dart.env.guest_agent.server import AgentConfig, nic_address, read_token, serve
 
     host = nic_address() if args.host == "nic" else args.host
     cfg = AgentConfig(display=args.display or os.environ.get("DISPLAY") or ":0", host=host, port=args.port,

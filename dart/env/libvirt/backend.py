@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dart.agent.actions import Action, CallUser, Finished, InvalidAction, Wait
 from dart.env.backend import CommandResult, EnvBackend, Health, Observation
+from dart.env.evaluators import evaluate_task
 from dart.env.libvirt import setup
 from dart.env.libvirt.pool import VmPool
 from dart.env.libvirt.vm import VmLease
@@ -108,8 +109,6 @@ class LibvirtBackend(EnvBackend):
         return await self._guard("screenshot", self._observe())
 
     async def evaluate(self, task: Task, *, final_action: Action | None) -> tuple[float, dict[str, Any]]:
-        from dart.env.evaluators import evaluate_task
-
         await self._guard("postconfig", setup.run_steps(task.evaluator.postconfig, self._agent(), fetch=self._fetch))
         score, details = await self._guard("evaluate", evaluate_task(task, self, final_action=final_action))
         details["vm"] = self.vm_name

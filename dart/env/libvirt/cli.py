@@ -7,6 +7,7 @@ import json
 import sys
 
 from dart.env.guest_agent import cli as agent_cli
+from dart.env.libvirt import domain, hypervisor
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,8 +25,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from dart.env.libvirt import domain, hypervisor
-
     conn = hypervisor.open_connection(args.uri)
     try:
         for name in domain.leftovers(args.prefix, hypervisor.domain_names(conn)):
@@ -40,8 +39,6 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from dart.env.libvirt import domain, hypervisor
-
     conn = hypervisor.open_connection(args.uri)
     try:
         names = domain.leftovers(args.prefix, hypervisor.domain_names(conn))

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dart.env.libvirt import hypervisor
 from dart.errors import EnvError, ToolMissing
 
 START_TIMEOUT_S = 15.0
@@ -101,8 +102,6 @@ class LocalLibvirtd:
             return
         if self.proc.poll() is None and self.socket.exists():
             with contextlib.suppress(Exception):
-                from dart.env.libvirt import hypervisor
-
                 conn = hypervisor.open_connection(self.uri)
                 for dom in conn.listAllDomains(0):
                     with contextlib.suppress(Exception):

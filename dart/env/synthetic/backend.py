@@ -22,9 +22,11 @@ from dart.config import require
 from dart.env.backend import CommandResult, EnvBackend, Health, Observation
 from dart.env.synthetic.generator import STATE_PATH
 from dart.env.synthetic.latency import LatencyConfig, sample_latency
+from dart.env.synthetic.metrics import register
 from dart.env.synthetic.oracle import screen_of
 from dart.env.synthetic.render import render_png
 from dart.env.synthetic.screen import Spec, State, apply, initial_state
+from dart.env.tasks import Task
 from dart.errors import EnvError
 
 
@@ -84,9 +86,8 @@ class SyntheticBackend(EnvBackend):
         return self._observe()
 
     async def evaluate(self, task: Any, *, final_action: Action | None) -> tuple[float, dict[str, Any]]:
+        # Deferred: loads numpy, needed only here.
         from dart.env.evaluators import evaluate_task
-        from dart.env.synthetic.metrics import register
-        from dart.env.tasks import Task
 
         register()
         self._usable()

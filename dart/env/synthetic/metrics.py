@@ -53,6 +53,7 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    # Deferred: loads numpy, needed only here.
     from dart.env.evaluators import register_getter, register_metric
 
     @register_getter(GETTER)

@@ -1,7 +1,7 @@
 """The xdesktop backend: a real X desktop on this machine, one private display per slot.
 
 Each slot owns a folder with a ``home`` (the HOME of every app it starts; wiped on reset) and a
-LibreOffice profile (kept across resets, so Calc starts in ~3 s instead of building a profile).
+LibreOffice profile (kept across resets, so Calc starts without building a profile first).
 Reset stops the previous task's apps, empties the home and runs the task's setup steps;
 actions become xdotool commands (:mod:`dart.env.xdotool`); screenshots come from the X
 server. ``read_file`` and ``run_command`` act on this machine's files and processes, with the
@@ -24,6 +24,7 @@ from dart.env.backend import CommandResult, EnvBackend, Health, Observation
 from dart.env.downloads import DownloadCache
 from dart.env.tasks import Task
 from dart.env.xdesktop.display import XDisplay
+from dart.env.xdesktop.getters import register
 from dart.env.xdesktop.setup import (
     TASKS_DIR,
     SetupRunner,
@@ -154,8 +155,8 @@ class XDesktopBackend(EnvBackend):
         return await self._observe(info)
 
     async def evaluate(self, task: Task | dict[str, Any], *, final_action: Action | None) -> tuple[float, dict[str, Any]]:
+        # Deferred: loads numpy, needed only here.
         from dart.env.evaluators import evaluate_task
-        from dart.env.xdesktop.getters import register
 
         register()
         task = _as_task(task)

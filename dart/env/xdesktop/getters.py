@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dart.env.xdesktop.chrome_getters import register_all as register_browser_getters
 from dart.env.xdesktop.setup import TASKS_DIR
 from dart.errors import ConfigError, EnvError
 
@@ -32,6 +33,7 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    # Deferred: loads numpy, needed only here.
     from dart.env.evaluators import FileContent, register_getter
 
     @register_getter(GETTER)
@@ -42,8 +44,8 @@ def register() -> None:
         except OSError as exc:
             raise EnvError(f"{GETTER}: cannot read the gold file {target}: {exc}") from exc
 
+    # Deferred: loads numpy, needed only here.
     from dart.env.xdesktop.app_getters import register_all as register_app_getters
-    from dart.env.xdesktop.chrome_getters import register_all as register_browser_getters
 
     register_browser_getters(register_getter)
     register_app_getters(register_getter)

@@ -127,7 +127,7 @@ def seed_office_profile(profile: Path, *, fresh_settings: bool = False) -> None:
 
 def link_office_profile(home: Path, profile: Path) -> None:
     """The slot's LibreOffice profile lives outside its home (its caches survive resets, so an
-    office app starts in ~3 s); a link at OSWorld's place for it lets the agent's edits and the
+    office app need not build one on each start); a link at OSWorld's place for it lets the agent's edits and the
     evaluators' reads of ``~/.config/libreoffice/4/user/...`` reach the profile LibreOffice uses."""
     link = home / OFFICE_HOME_PROFILE
     link.parent.mkdir(parents=True, exist_ok=True)

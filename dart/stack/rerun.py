@@ -1,4 +1,5 @@
-"""Re-run a logged decision from a finished run's archive: ``dart replay decision``.
+"""``dart replay decision`` and ``dart replay update``: re-run a logged decision or trainer update from a
+finished run's archive (``dart replay store``, the projection rebuilt from the log, is :mod:`dart.data.replay`).
 
 Everything comes from the run directory: the observation and the action the rollout worker
 sent (from the archive), the weights of the version that acted (``WeightsPublished`` in the
@@ -25,7 +26,12 @@ from typing import Any
 
 from dart.agent.model import load_policy, score_response
 from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt, prompt_hash
-from dart.agent.weights import check_state_dict, check_version_digest, state_dict_from_bytes, weights_blob
+from dart.agent.weight_format import (
+    check_state_dict,
+    check_version_digest,
+    state_dict_from_bytes,
+    weights_blob,
+)
 from dart.blobs import LocalBlobStore
 from dart.config import build, load_yaml
 from dart.errors import ConfigError

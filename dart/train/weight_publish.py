@@ -1,6 +1,6 @@
 """Publishing a policy version: its files into the blob store, and the ``WeightsPublished`` event.
 
-The format of a version (files, blob names, the version digest) is :mod:`dart.agent.weights`,
+The format of a version (files, blob names, the version digest) is :mod:`dart.agent.weight_format`,
 shared with the rollout workers that load it.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dart.agent.weights import PUBLISHED_FILES, weights_sha256
+from dart.agent.weight_format import PUBLISHED_FILES, weights_sha256
 from dart.blobs import BlobStore
 from dart.events import BlobRef, WeightsPublished
 

@@ -86,10 +86,10 @@ class Horizon:
 class SlowStats:
     """Per-task numbers that move slowly, kept between passes and read again only every
     ``every_ms`` (or when the policy version moved): the success rates over the recent window,
-    the longest successes (``Horizon.lengths``) and the experience pool. On a finished 17-minute
-    run's store the first two were ~130 of a scheduler pass's ~190 ms and the pool ~70 ms of a
-    batcher pass, and passes run every second; a rate 10 s old picks the same group sizes and
-    step caps.
+    the longest successes (``Horizon.lengths``) and the experience pool. Late in a run they are
+    most of a scheduler or batcher pass (`benchmarks/pass_cost.py` times a pass), and passes run
+    far more often than they move: a rate a few seconds old picks the same group sizes and step
+    caps.
 
     ``every_ms=0`` reads them on every pass (a fresh ``SlowStats`` always reads)."""
 

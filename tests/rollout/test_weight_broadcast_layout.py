@@ -10,9 +10,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-import dart.rollout.transfer as rollout_transfer
-import dart.train.transfer as train_transfer
-from dart.agent.transfer import TransferConfig, abort_group, device_identity, shared_device
+import dart.rollout.weight_receive as rollout_transfer
+import dart.train.weight_send as train_transfer
+from dart.agent.weight_broadcast import TransferConfig, abort_group, device_identity, shared_device
 from dart.train.engine import free_port
 
 

@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from dart.bus.topics import Topics
 from dart.events import TrainStepCompleted, WorkerHeartbeat, encode
 from dart.log.segments import archive_record, write_segment
-from dart.obs.sink import Fold, MetricsConfig, Reorder, Scalar, TensorBoardOut, from_archive, order_key
+from dart.metrics.sink import Fold, MetricsConfig, Reorder, Scalar, TensorBoardOut, from_archive, order_key
 from tests.data.factories import RUN, T0, Traj, group, task, uid, weights
 
 
@@ -129,7 +129,7 @@ def read_back(directory: Path) -> tuple[dict, dict]:
 
 def test_any_layout_of_the_log_gives_the_same_tensorboard_records(tmp_path, monkeypatch):
     events = history()
-    monkeypatch.setattr("dart.obs.sink.blob_loader", lambda root: (lambda digest: None) if root else None)
+    monkeypatch.setattr("dart.metrics.sink.blob_loader", lambda root: (lambda digest: None) if root else None)
     results = []
     for seed in (1, 2):
         write_archive(tmp_path / f"log{seed}", events, seed)

@@ -16,7 +16,7 @@ import time
 from dart.bus import BusConfig, Consumer, Producer
 from dart.config import JsonLogFormatter, log_context
 from tests.data.factories import Traj
-from tests.obs.test_sink import history, write_archive
+from tests.metrics.test_sink import history, write_archive
 
 
 def dart(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

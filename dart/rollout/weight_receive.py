@@ -1,8 +1,8 @@
-"""A rollout worker's end of the direct weight path (wire: :mod:`dart.agent.transfer`).
+"""A rollout worker's end of the direct weight path (wire: :mod:`dart.agent.weight_broadcast`).
 
 A thread keeps the worker in the trainer's weights group (joining each new generation) and
 receives every broadcast version into a staged CPU state dict (the newest only). The
-:class:`~dart.rollout.weights.WeightFollower` still acts on ``WeightsPublished`` alone: for an
+:class:`~dart.rollout.weight_swap.WeightFollower` still acts on ``WeightsPublished`` alone: for an
 announced version it takes the staged tensors (waiting while the broadcast is under way) and
 swaps them in like a blob-store fetch; a version this worker did not get (not in the group, a
 failed broadcast, a worker started late) comes from the blob store.
@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from dart.agent.transfer import (
+from dart.agent.weight_broadcast import (
     BLOBS_ONLY,
     TransferConfig,
     abort_group,

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dart.blobs import open_store
 from dart.config import require
 from dart.events import (
     ActionChosen,
@@ -334,6 +335,7 @@ class Fold:
         return out
 
     def _picture(self, event: TrajectoryFinished, steps: dict[int, _Step], w: _Window) -> Picture:
+        # Deferred: loads Pillow, needed only here.
         from dart.data.trace import PANEL_W, StepView, TraceView, step_image, strip
 
         ordered = [steps[i] for i in sorted(steps)]
@@ -356,7 +358,6 @@ def blob_loader(root: str) -> Callable[[str], bytes | None] | None:
     """Screenshot bytes by digest from the blob store at ``root`` (None: no store, no pictures)."""
     if not root:
         return None
-    from dart.blobs import open_store
 
     store = open_store(root)
 
@@ -407,6 +408,7 @@ class TensorBoardOut:
 
 def archive_events(log_dir: Path) -> list[Event]:
     """The followed topics' events of an archive, in the fold's canonical order."""
+    # Deferred: loads the Kafka clients and fastavro, needed only here.
     from dart.data.replay import archived_events
 
     events = [event for topic, event in archived_events(log_dir) if topic.endswith(tuple(f".{s}" for s in FOLLOWED))]
@@ -416,6 +418,7 @@ def archive_events(log_dir: Path) -> list[Event]:
 
 def from_archive(log_dir: Path, cfg: MetricsConfig) -> dict[str, int]:
     """Write the run's TensorBoard records from its archive (no broker needed)."""
+    # Deferred: loads fastavro, needed only here.
     from dart.log import ArchiveError, list_segments
 
     if not list_segments(log_dir):
@@ -487,6 +490,7 @@ class LiveSink:
         self._stop.set()
 
     def run(self, *, on_record: Callable[[str, int], None] | None = None) -> dict[str, int]:
+        # Deferred: loads the Kafka clients and fastavro, needed only here.
         from dart.bus import SLOW_FETCH_WAIT_MS, read_topic
 
         topics = [self.bus.topics.name(s) for s in FOLLOWED]
@@ -519,6 +523,7 @@ class LiveSink:
 
 def run_live(cfg: MetricsConfig, bus: Any) -> int:
     """The `dart metrics` service: SIGTERM/SIGINT read on to the log's end, write, exit 0."""
+    # Deferred: loads the Kafka clients and fastavro, needed only here.
     from dart.bus.prom import RECORDS_IN
 
     sink = LiveSink(cfg, bus)

@@ -13,8 +13,8 @@ import torch
 import yaml
 
 from dart.agent.model import load_policy
-from dart.agent.transfer import TransferConfig
-from dart.agent.weights import WEIGHTS_FILE, weights_blob, weights_sha256
+from dart.agent.weight_broadcast import TransferConfig
+from dart.agent.weight_format import WEIGHTS_FILE, weights_blob, weights_sha256
 from dart.blobs import LocalBlobStore
 from dart.bus import read_topic
 from dart.events import WeightsLoaded, WeightsPublished
@@ -113,7 +113,7 @@ def test_wire_moves_every_dtype_bit_exactly_through_small_buckets() -> None:
     one) gives every receiver the sender's bytes, dtypes and shapes."""
     import threading
 
-    from dart.agent.transfer import (
+    from dart.agent.weight_broadcast import (
         describe,
         new_group,
         open_store,

@@ -39,7 +39,7 @@ def check_version_digest(event: WeightsPublished) -> None:
     if event.sha256 != weights_sha256(event.blobs):
         raise BlobCorrupted(
             f"version {event.version}: sha256 {event.sha256[:12]}... does not match its blob list "
-            "(publish it with dart.agent.weights.weights_sha256)"
+            "(publish it with dart.agent.weight_format.weights_sha256)"
         )
 
 

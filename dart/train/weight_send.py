@@ -2,7 +2,7 @@
 
 Both return the blob refs ``WeightsPublished`` names: every version is in the blob store, so the
 log says where each one can be fetched whichever path carried it first. The direct sender
-(:class:`DirectSender`, wire in :mod:`dart.agent.transfer`) broadcasts the version from the
+(:class:`DirectSender`, wire in :mod:`dart.agent.weight_broadcast`) broadcasts the version from the
 checkpoint's ``model.safetensors`` (the same bytes as the blob) while the blob is stored.
 """
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from dart.agent.transfer import (
+from dart.agent.weight_broadcast import (
     BLOBS_ONLY,
     TICK_S,
     TransferConfig,
@@ -28,10 +28,10 @@ from dart.agent.transfer import (
     send_tensors,
     shared_device,
 )
-from dart.agent.weights import WEIGHTS_FILE
+from dart.agent.weight_format import WEIGHTS_FILE
 from dart.blobs import BlobStore
 from dart.events import BlobRef
-from dart.train.weights import put_weights
+from dart.train.weight_publish import put_weights
 
 log = logging.getLogger(__name__)
 

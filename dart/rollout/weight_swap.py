@@ -20,11 +20,11 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from dart.agent.weights import check_version_digest, state_dict_from_bytes, weights_blob
+from dart.agent.weight_format import check_version_digest, state_dict_from_bytes, weights_blob
 from dart.blobs import BlobStore
 from dart.events import Event, WeightsLoaded, WeightsPublished
 from dart.rollout.engine import Engine
-from dart.rollout.transfer import DirectReceiver
+from dart.rollout.weight_receive import DirectReceiver
 
 log = logging.getLogger(__name__)
 

@@ -5,10 +5,10 @@ import dataclasses
 
 from dart.agent.model import load_policy
 from dart.agent.tiny import build_tiny
-from dart.agent.weights import WEIGHTS_FILE, state_dict_to_bytes, weights_sha256
+from dart.agent.weight_format import WEIGHTS_FILE, state_dict_to_bytes, weights_sha256
 from dart.events import BlobRef, WeightsLoaded, WeightsPublished
 from dart.rollout.hf_engine import HFEngine
-from dart.rollout.weights import WeightFollower
+from dart.rollout.weight_swap import WeightFollower
 
 
 def publish(store, version: int, data: bytes) -> WeightsPublished:

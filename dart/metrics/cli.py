@@ -10,7 +10,9 @@ from typing import Any
 
 from dart.bus.cli import add_bus_args, bus_from_args
 from dart.config import build, load_yaml
-from dart.rundir import tensorboard_dir
+from dart.log.cli import log_dir_of
+from dart.metrics.sink import MetricsConfig, from_archive, run_live
+from dart.rundir import RunMissing, tensorboard_dir
 
 
 def register(sub: Any) -> None:
@@ -29,8 +31,6 @@ def register(sub: Any) -> None:
 
 
 def metrics_config(args: argparse.Namespace) -> Any:
-    from dart.obs.sink import MetricsConfig
-
     data: dict[str, Any] = {}
     if getattr(args, "config", None):
         data = dict(load_yaml(args.config).get("metrics", {}) or {})
@@ -55,18 +55,12 @@ def _run_id(run_dir: Path) -> str:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from dart.obs.sink import from_archive, run_live
-
     if args.run_dir is not None and not (args.run_dir / "log").is_dir():
-        from dart.rundir import RunMissing
-
         raise RunMissing(f"no archived log in {args.run_dir} (no {args.run_dir / 'log'}): name the directory "
                          f"`dart up` ran in, e.g. runs/local")
 
     cfg = metrics_config(args)
     if args.run_dir is not None:
-        from dart.log.cli import log_dir_of
-
         done = from_archive(log_dir_of(args.run_dir), cfg)
         print(f"{done['records']} TensorBoard records from {done['events']} events in {cfg.out_dir} "
               f"(tensorboard --logdir {cfg.out_dir} --host 127.0.0.1)")

@@ -17,7 +17,7 @@ import numpy as np
 from dart.env.evaluators.files import as_file
 from dart.env.evaluators.metrics_basic import need_expected
 from dart.env.evaluators.metrics_json import match_rule
-from dart.env.evaluators.metrics_media import image
+from dart.env.evaluators.metrics_media import compare_images, image
 from dart.env.evaluators.metrics_slides import open_pptx
 from dart.env.evaluators.registry import register_metric
 
@@ -196,8 +196,6 @@ def is_vlc_fullscreen(result: Any, expected: Any = None, **options: Any) -> floa
 @register_metric("compare_image_list")
 def compare_image_list(result: Any, expected: Any = None, **options: Any) -> float:
     """Each result picture equals its expected picture (pixels)."""
-    from dart.env.evaluators.metrics_media import compare_images
-
     got = result if isinstance(result, list) else [result]
     want = need_expected(expected, "compare_image_list")
     want = want if isinstance(want, list) else [want]

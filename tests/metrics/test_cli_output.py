@@ -17,7 +17,7 @@ import pytest
 
 from dart.bus import BusConfig
 from dart.cli import build_parser
-from tests.obs.test_sink import history, write_archive
+from tests.metrics.test_sink import history, write_archive
 
 
 def run_on_a_terminal(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
