@@ -7,8 +7,9 @@ bfloat16 state dict of that many parameters, random values, and its config) is w
 then, pass by pass and interleaved (``benchmarks/passes.py``), four sides store its bytes:
 
 - ``publish``: the trainer's publication step (``BlobTransfer.publish``: ``put_weights`` of a
-  committed checkpoint, linked into the store when on its filesystem) into an empty blob
-  store, as ``weight_sync.py``'s publish column times it;
+  committed checkpoint, linked into the store when on its filesystem, under the digests
+  ``write_weights`` recorded as it wrote the files: nothing is read) into an empty blob store,
+  as ``weight_sync.py``'s publish column times it;
 - ``copy``: ``put_file`` without linking (a store on another filesystem): one pass, hashed on a
   second thread while written, one fsync;
 - ``two-pass``: the blob store's copy as it was before (hash the file, then copy it, fsync);
