@@ -69,6 +69,9 @@ class Row:
     path: str
     workers: int
     version: int
+    write_s: float
+    """The trainer's checkpoint writer: the state dict to its ``model.safetensors`` (fsynced), untimed
+    in ``serving_s`` (a checkpoint is written for every update, published or not)."""
     publish_s: float
     """publish() returned (blob stored; for direct also the broadcast done)."""
     serving_s: float
@@ -195,7 +198,7 @@ async def wait_ready(procs: list, loaded_workers: int, workdir: Path, timeout_s:
 
 
 async def measure(bus: BusConfig, store: LocalBlobStore, transfer, loaded: Loaded, *, name: str, params: int,
-                  path: str, n: int, version: int, vdir: Path, timeout_s: float) -> Row:
+                  path: str, n: int, version: int, vdir: Path, write_s: float, timeout_s: float) -> Row:
     producer = Producer(bus, client_id="trainer")
     try:
         t0 = time.time()
@@ -209,10 +212,11 @@ async def measure(bus: BusConfig, store: LocalBlobStore, transfer, loaded: Loade
     done = max(e.event_time for e in got) / 1000.0
     size = (vdir / WEIGHTS_FILE).stat().st_size
     bcast = transfer.sent.get(version, 0.0) if isinstance(transfer, DirectSender) else 0.0
-    row = Row(size=name, params=params, bytes=size, path=path, workers=n, version=version,
+    row = Row(size=name, params=params, bytes=size, path=path, workers=n, version=version, write_s=write_s,
               publish_s=published - t0, serving_s=done - t0, bcast_s=bcast, fetch_s=max(e.fetch_s for e in got),
               swap_s=max(e.swap_s for e in got))
-    print(f"  {name:>5} {path:>6} N={n} v{version}: serving {row.serving_s:.2f} s (publish {row.publish_s:.2f}, "
+    print(f"  {name:>5} {path:>6} N={n} v{version}: serving {row.serving_s:.2f} s (write {row.write_s:.2f}, "
+          f"publish {row.publish_s:.2f}, "
           f"bcast {row.bcast_s:.2f}, fetch {row.fetch_s:.2f}, swap {row.swap_s:.2f}); "
           f"{row.moved / 1e6 / row.serving_s:.0f} MB/s", flush=True)
     return row
@@ -252,9 +256,11 @@ async def run_point(broker: DevBroker, name: str, n: int, versions: int, workdir
                 await asyncio.sleep(TICK_WAIT)  # the workers' first tick: they know the group is up
             for _ in range(versions):
                 version += 1
+                t0 = time.perf_counter()
                 vdir = await asyncio.to_thread(version_dir, base, version, workdir / f"{name}-v{version}")
                 rows.append(await measure(bus, store, sender or BlobTransfer(), loaded, name=name, params=params,
-                                          path=path, n=n, version=version, vdir=vdir, timeout_s=timeout_s))
+                                          path=path, n=n, version=version, vdir=vdir,
+                                          write_s=time.perf_counter() - t0, timeout_s=timeout_s))
                 shutil.rmtree(vdir, ignore_errors=True)
     finally:
         if sender is not None:
@@ -275,14 +281,15 @@ def table(rows: list[Row]) -> str:
         key = (r.size, r.workers, r.path)
         if key not in best or r.serving_s < best[key].serving_s:
             best[key] = r
-    lines = ["| model | params | bytes | N | path | published → all serving | publish (store [+ bcast]) | "
-             "broadcast | slowest fetch | swap | bytes to workers | achieved | blobs / direct |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | params | bytes | N | path | published → all serving | checkpoint write | "
+             "publish (store [+ bcast]) | broadcast | slowest fetch | swap | bytes to workers | achieved | "
+             "blobs / direct |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (size, n, path), r in best.items():
         other = best.get((size, n, "blobs"))
         ratio = f"{other.serving_s / r.serving_s:.2f}×" if path == "direct" and other else ""
         lines.append(f"| {size} | {r.params / 1e6:.1f} M | {r.bytes / 1e6:.1f} MB | {n} | {path} | {r.serving_s:.2f} s | "
-                     f"{r.publish_s:.2f} s | {r.bcast_s:.2f} s | {r.fetch_s:.2f} s | {r.swap_s:.2f} s | "
+                     f"{r.write_s:.2f} s | {r.publish_s:.2f} s | {r.bcast_s:.2f} s | {r.fetch_s:.2f} s | {r.swap_s:.2f} s | "
                      f"{r.moved / 1e6:.1f} MB | {r.moved / 1e6 / r.serving_s:.0f} MB/s | {ratio} |")
     return "\n".join(lines)
 

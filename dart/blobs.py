@@ -48,6 +48,53 @@ def _hash_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def write_hashed(fh: BinaryIO, chunks: Iterable[bytes | memoryview]) -> str:
+    """Write ``chunks`` to ``fh`` (opened unbuffered) while a second thread hashes them, fsync it
+    once; returns the sha256 hex digest of what was written.
+
+    hashlib and write both release the GIL, so on two cores hashing costs no wall time. A chunk
+    must stay unchanged until the chunk after the next one is asked for (a generator filling two
+    buffers in turn is fine, and so are views of tensors nobody changes meanwhile).
+    """
+    h = hashlib.sha256()
+    with ThreadPoolExecutor(1, thread_name_prefix="blob-hash") as ex:
+        hashing: Future[None] | None = None
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            if hashing is not None:
+                hashing.result()
+            hashing = ex.submit(h.update, view)
+            while view:
+                view = view[fh.write(view):]
+        if hashing is not None:
+            hashing.result()
+    os.fsync(fh.fileno())
+    return h.hexdigest()
+
+
+def _read_verified(path: Path, digest: str, root: Path) -> bytearray:
+    """The whole file in one buffer, each chunk hashed on a second thread while the next is read;
+    BlobCorrupted unless the bytes hash to ``digest``."""
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh, ThreadPoolExecutor(1, thread_name_prefix="blob-hash") as ex:
+        size = os.fstat(fh.fileno()).st_size
+        buf = bytearray(size)
+        view = memoryview(buf)
+        hashing: Future[None] | None = None
+        pos = 0
+        while pos < size and (n := fh.readinto(view[pos:pos + _CHUNK])):
+            if hashing is not None:
+                hashing.result()
+            hashing = ex.submit(h.update, view[pos:pos + n])
+            pos += n
+        if hashing is not None:
+            hashing.result()
+        whole = pos == size and not fh.read(1)  # a file that shrank or grew meanwhile is no blob
+    if not whole or h.hexdigest() != digest:
+        raise BlobCorrupted(f"blob {digest} under {root} is corrupted: its bytes hash differently")
+    return buf
+
+
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -69,8 +116,9 @@ def fsync_dir(directory: Path) -> None:
 
 class BlobStore(Protocol):
     def put(self, data: bytes) -> str: ...
-    def put_file(self, path: Path, *, link: bool = False) -> str: ...
+    def put_file(self, path: Path, *, link: bool = False, digest: str | None = None) -> str: ...
     def get(self, digest: str) -> bytes: ...
+    def get_buffer(self, digest: str) -> bytearray: ...
     def exists(self, digest: str) -> bool: ...
     def local_path(self, digest: str, *, verify: bool = True) -> Path: ...
 
@@ -94,7 +142,7 @@ class LocalBlobStore:
             self._write_atomic(path, [data])
         return digest
 
-    def put_file(self, path: Path, *, link: bool = False) -> str:
+    def put_file(self, path: Path, *, link: bool = False, digest: str | None = None) -> str:
         """Store a file's bytes (streamed, for large weights); returns the digest.
 
         One pass: each chunk is hashed and written at once, the file fsynced once and renamed to
@@ -105,9 +153,18 @@ class LocalBlobStore:
         Then the blob is a hard link to it when both are on one filesystem: no copy at all, the
         file is only read to hash it. A user's file must not be linked: a later edit of it would
         change the blob (reads would then fail their digest check).
+
+        ``digest`` (with ``link``): the file's sha256 as its writer hashed the bytes it wrote
+        (:func:`write_hashed`, e.g. ``dart.agent.weight_format.write_weights``); the file is then linked
+        without being read at all. The writer's word is checked where it matters: every read
+        verifies the bytes (:meth:`get`, :meth:`get_buffer`, :meth:`local_path`), so a wrong
+        digest makes a blob that is refused as corrupted, never wrong bytes served; and where the
+        file must be copied instead, a copy that hashes differently is refused here.
         """
+        if digest is not None and not link:
+            raise BlobError("put_file: a digest is trusted only for a linked, committed file (link=True)")
         if link:
-            digest = _hash_file(path)
+            digest = _check_digest(digest) if digest is not None else _hash_file(path)
             target = self._path(digest)
             if target.exists():
                 return digest
@@ -122,33 +179,23 @@ class LocalBlobStore:
                 fsync_dir(target.parent)
                 return digest
         with open(path, "rb", buffering=0) as fh:
-            return self.put_chunks(_read_chunks(fh))
+            stored = self.put_chunks(_read_chunks(fh))
+        if digest is not None and stored != digest:
+            raise BlobCorrupted(f"{path} hashes to {stored}, not to {digest} as its writer said: changed since written")
+        return stored
 
     def put_chunks(self, chunks: Iterable[bytes | memoryview]) -> str:
         """Store the bytes of ``chunks``; returns the digest. A chunk must stay unchanged until the
         chunk after the next one is asked for (a generator filling two buffers in turn is fine).
 
-        The chunks go to a temporary file in the store's root while a second thread hashes them
-        (hashlib and write both release the GIL, so on two cores hashing costs no wall time);
-        the file is fsynced once, then renamed to its digest (dropped if that blob is already
-        there).
+        The chunks go to a temporary file in the store's root, hashed as they are written
+        (:func:`write_hashed`: one fsync), then the file is renamed to its digest (dropped if
+        that blob is already there).
         """
-        h = hashlib.sha256()
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
         try:
-            with os.fdopen(fd, "wb", buffering=0) as fh, ThreadPoolExecutor(1, thread_name_prefix="blob-hash") as ex:
-                hashing: Future[None] | None = None
-                for chunk in chunks:
-                    view = memoryview(chunk).cast("B")
-                    if hashing is not None:
-                        hashing.result()
-                    hashing = ex.submit(h.update, view)
-                    while view:
-                        view = view[fh.write(view):]
-                if hashing is not None:
-                    hashing.result()
-                os.fsync(fh.fileno())
-            digest = h.hexdigest()
+            with os.fdopen(fd, "wb", buffering=0) as fh:
+                digest = write_hashed(fh, chunks)
             target = self._path(digest)
             if target.exists():
                 Path(tmp).unlink()
@@ -173,6 +220,19 @@ class LocalBlobStore:
         if sha256_hex(data) != digest:
             raise BlobCorrupted(f"blob {digest} under {self.root} is corrupted: its bytes hash differently")
         return data
+
+    def get_buffer(self, digest: str) -> bytearray:
+        """The blob's bytes, verified, in one writable buffer: read once, each chunk hashed while
+        the next is read, no second copy (tensors can be views of it). Raises like :meth:`get`."""
+        path = self._path(digest)
+        try:
+            return _read_verified(path, digest, self.root)
+        except BlobError:
+            raise
+        except FileNotFoundError as exc:
+            raise BlobNotFound(f"no blob {digest} under {self.root}") from exc
+        except OSError as exc:
+            raise BlobError(f"cannot read blob {digest}: {exc}") from exc
 
     def exists(self, digest: str) -> bool:
         return self._path(digest).exists()

@@ -121,3 +121,53 @@ def test_the_trainer_publishes_a_checkpoint_by_linking_and_sft_output_by_copying
     (sft / CONFIG_FILE).write_text('{"a": 1}')
     for r in put_weights(blobs, sft):
         assert blobs.local_path(r.digest).stat().st_ino != (sft / r.name).stat().st_ino
+
+
+def test_get_buffer_returns_the_verified_bytes_and_refuses_a_corrupted_or_missing_blob(blobs: LocalBlobStore):
+    from dart.blobs import _CHUNK
+
+    data = os.urandom(2 * _CHUNK + 5)                    # several chunks, each hashed while the next is read
+    digest = blobs.put(data)
+    buf = blobs.get_buffer(digest)
+    assert isinstance(buf, bytearray) and buf == data
+    path = blobs.local_path(digest, verify=False)
+    path.chmod(0o644)
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # the last byte flipped
+    with pytest.raises(BlobCorrupted, match=digest):
+        blobs.get_buffer(digest)
+    path.write_bytes(data + b"!")                         # a longer file is no more that blob
+    with pytest.raises(BlobCorrupted):
+        blobs.get_buffer(digest)
+    with pytest.raises(BlobNotFound):
+        blobs.get_buffer("1" * 64)
+
+
+def test_a_linked_file_with_its_writers_digest_is_not_read_and_a_wrong_digest_is_never_served(
+        blobs: LocalBlobStore, tmp_path, monkeypatch):
+    import dart.blobs
+
+    ckpt = tmp_path / "step-1" / "model.safetensors"
+    ckpt.parent.mkdir()
+    data = os.urandom(50_000)
+    ckpt.write_bytes(data)
+    right = hashlib.sha256(data).hexdigest()
+
+    def no_read(_path):
+        raise AssertionError("hashed the file although its writer gave the digest")
+    with monkeypatch.context() as m:
+        m.setattr(dart.blobs, "_hash_file", no_read)
+        assert blobs.put_file(ckpt, link=True, digest=right) == right
+        wrong = blobs.put_file(ckpt, link=True, digest="e" * 64)      # a writer that lied
+    assert blobs.local_path(right).stat().st_ino == ckpt.stat().st_ino and blobs.get_buffer(right) == data
+    for read in (blobs.get, blobs.get_buffer, blobs.local_path):
+        with pytest.raises(BlobCorrupted):
+            read(wrong)
+    with pytest.raises(BlobError, match="link=True"):
+        blobs.put_file(ckpt, digest=right)                             # trusted only for a committed file
+
+    def refuse(*_a, **_kw):
+        raise OSError(18, "Invalid cross-device link")
+    monkeypatch.setattr(os, "link", refuse)                            # copied instead: the copy is checked
+    with pytest.raises(BlobCorrupted, match="changed since written"):
+        blobs.put_file(ckpt, link=True, digest="d" * 64)
+    assert not [p for p in blobs.root.rglob(".tmp-*")]

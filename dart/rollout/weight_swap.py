@@ -3,7 +3,8 @@
 Every rollout worker reads the whole weights topic in a consumer group of its own, from the
 beginning, and applies only the newest version it has heard of (replaying versions 1..9 to
 reach 10 would waste minutes of fetches). A new version is fetched from the blob store
-(``get`` verifies each blob's sha256), parsed, checked against the model's tensor names and
+(``get_buffer`` verifies the blob's sha256 as it reads it into one buffer), parsed into views
+of that buffer, checked against the model's tensor names and
 shapes, and swapped in between forward passes; requests already running finish on the old
 version and report the newer one they saw (``ActionChosen.newer_version_seen``).
 
@@ -20,7 +21,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from dart.agent.weight_format import check_version_digest, state_dict_from_bytes, weights_blob
+from dart.agent.weight_format import check_version_digest, state_dict_from_buffer, weights_blob
 from dart.blobs import BlobStore
 from dart.events import Event, WeightsLoaded, WeightsPublished
 from dart.rollout.engine import Engine
@@ -95,7 +96,9 @@ class WeightFollower:
             state = await self.direct.take(event.version) if self.direct is not None else None
             source = "blobs" if state is None else "direct"
             if state is None:
-                state = await asyncio.to_thread(lambda: state_dict_from_bytes(self.store.get(ref.digest)))
+                # read once into one buffer, verified as read; the tensors are views of it, and the
+                # engine copies them into its own parameters: no second full copy of the version
+                state = await asyncio.to_thread(lambda: state_dict_from_buffer(self.store.get_buffer(ref.digest)))
             self.sources[event.version] = source
             fetch_s = time.perf_counter() - t0
             t1 = time.perf_counter()
