@@ -27,9 +27,10 @@ from dart.agent.tiny import build_tiny
 from dart.blobs import LocalBlobStore
 from dart.events import HistoryTurn, ObservationEmitted, ReplyRoute, Sampling
 from dart.events.manifest import PromptContext
+from dart.rollout.config import RolloutWorkerConfig
 from dart.rollout.engine import GenerateRequest
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig
-from dart.rollout.service import RolloutWorkerConfig, actions_of
+from dart.rollout.service import actions_of
 
 
 def screenshots(store: LocalBlobStore, n: int, size: tuple[int, int]) -> list[str]:

@@ -40,8 +40,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dart.agent.config import TransferConfig  # noqa: E402
 from dart.agent.tiny import TinySize, build_tiny  # noqa: E402
-from dart.agent.weight_broadcast import TransferConfig  # noqa: E402
 from dart.agent.weight_format import WEIGHTS_FILE, write_weights  # noqa: E402
 from dart.blobs import LocalBlobStore  # noqa: E402
 from dart.bus import BusConfig, Consumer, DevBroker, Producer, ensure_topics  # noqa: E402

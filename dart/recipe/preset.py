@@ -22,8 +22,8 @@ from dart.data.config import (
 from dart.env.config import EnvWorkerConfig
 from dart.env.xdesktop.backend import XDesktopConfig
 from dart.recipe.config import Recipe, curation_section
+from dart.rollout.config import RolloutWorkerConfig
 from dart.rollout.hf_engine import HFEngineConfig
-from dart.rollout.service import RolloutWorkerConfig
 from dart.train.config import EngineConfig, OptimConfig, TrainerConfig
 
 

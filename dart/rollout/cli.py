@@ -12,6 +12,7 @@ from dart.agent.tiny import build_tiny
 from dart.blobs import open_store
 from dart.bus.cli import add_bus_args, bus_from_args
 from dart.config import add_config_args, build, config_from_args, field_docs
+from dart.rollout.config import RolloutWorkerConfig
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig
 
 
@@ -33,9 +34,6 @@ def register(sub: Any) -> None:
     p.add_argument("--max-batch-size", type=int, default=8,
                    help="most requests generated together (default %(default)s)")
     p.set_defaults(func=cmd_serve)
-
-    # Deferred: loads torch, and every `dart` command imports this module.
-    from dart.rollout.service import RolloutWorkerConfig
 
     docs = field_docs(RolloutWorkerConfig)
     p = sub.add_parser("rollout-worker", help="answer observations with a policy; follow weight versions")
@@ -72,9 +70,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def worker_config_from_args(args: argparse.Namespace) -> Any:
-    # Deferred: loads torch, and every `dart` command imports this module.
-    from dart.rollout.service import RolloutWorkerConfig
-
     flags = {f"rollout.{flag}": getattr(args, flag, None)
              for flag in ("model", "engine", "device", "blobs", "worker_id", "run_id", "max_concurrency")}
     data = config_from_args(args, flags=flags)

@@ -20,80 +20,25 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
-from typing import Literal
 
 from dart.agent.actions import InvalidAction, to_wire
 from dart.agent.decide import Decision, decide, wire_actions
 from dart.agent.model import load_policy
-from dart.agent.prompt import PromptConfig, blob_image_loader
-from dart.agent.weight_broadcast import TransferConfig
+from dart.agent.prompt import blob_image_loader
 from dart.blobs import BlobStore
 from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Producer
-from dart.config import require
 from dart.errors import DartError
 from dart.events import ActionChosen, Event, ObservationEmitted, ParsedAction, WorkerHeartbeat
 from dart.events.manifest import PromptContext
+from dart.rollout.config import RolloutWorkerConfig
 from dart.rollout.engine import Engine, Generation
-from dart.rollout.hf_engine import HFEngine, HFEngineConfig
-from dart.rollout.openai_engine import OpenAIEngine, OpenAIEngineConfig
+from dart.rollout.hf_engine import HFEngine
+from dart.rollout.openai_engine import OpenAIEngine
 from dart.rollout.vllm_engine import VLLMEngine
 from dart.rollout.weight_receive import open_receiver
 from dart.rollout.weight_swap import WeightFollower
 
 log = logging.getLogger(__name__)
-
-
-def default_worker_id() -> str:
-    return f"rollout-{socket.gethostname()}-{os.getpid()}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class RolloutWorkerConfig:
-    """``dart rollout-worker`` settings (YAML section ``rollout``)."""
-
-    engine: Literal["hf", "openai", "vllm"] = "hf"
-    """Inference backend."""
-    model: str = ""
-    """Model directory for hf / vllm (``dart model tiny DIR`` builds a test one)."""
-    device: str = "cpu"
-    """Torch device of the hf engine."""
-    dtype: str | None = None
-    """Torch dtype name for hf (None: float32 on CPU, the checkpoint's on GPU)."""
-    blobs: str = ".dart/blobs"
-    """Blob store (directory or file:// URL) holding screenshots and weights."""
-    worker_id: str = ""
-    """This worker's id (empty: rollout-HOST-PID)."""
-    run_id: str = "dev"
-    """Run id stamped on the events this worker writes."""
-    group: str = "rollout"
-    """Consumer group on the observations topic (shared by all rollout workers)."""
-    max_concurrency: int = 16
-    """Observations answered at once (the hf engine batches them)."""
-    follow_weights: bool = True
-    """Follow the weights topic and swap versions (ignored by the openai engine)."""
-    heartbeat_s: float = 10.0
-    """Seconds between WorkerHeartbeat events."""
-    convention: Literal["qwen25vl", "qwen2vl"] = "qwen25vl"
-    """Coordinate convention of the model's answers (UI-TARS-1.5: qwen25vl)."""
-    prompt: PromptConfig = field(default_factory=PromptConfig)
-    transfer: TransferConfig = field(default_factory=TransferConfig)
-    """The direct weight path (``kind: direct`` and this worker's ``rank``); default: the blob store."""
-    hf: HFEngineConfig = field(default_factory=HFEngineConfig)
-    openai: OpenAIEngineConfig = field(default_factory=OpenAIEngineConfig)
-
-    def __post_init__(self) -> None:
-        require(self.max_concurrency >= 1, "max_concurrency", f"must be >= 1, got {self.max_concurrency}")
-        require(self.heartbeat_s > 0, "heartbeat_s", f"must be > 0, got {self.heartbeat_s}")
-        require(
-            self.engine == "openai" or bool(self.model),
-            "model",
-            f"the {self.engine} engine needs a model directory (dart model tiny DIR builds one)",
-        )
-
-    @property
-    def worker(self) -> str:
-        return self.worker_id or default_worker_id()
 
 
 def make_engine(cfg: RolloutWorkerConfig) -> Engine:

@@ -22,7 +22,7 @@ from dart.env.config import EnvWorkerConfig
 from dart.env.downloads import default_root
 from dart.recipe.config import Recipe
 from dart.recipe.preset import policy_dir, services
-from dart.rollout.service import RolloutWorkerConfig
+from dart.rollout.config import RolloutWorkerConfig
 from dart.train.config import TrainerConfig
 
 

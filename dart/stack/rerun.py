@@ -38,9 +38,9 @@ from dart.errors import ConfigError
 from dart.events import ActionChosen, BatchAssembled, ObservationEmitted, Sampling, WeightsPublished, decode
 from dart.events.manifest import BatchManifest, PromptContext
 from dart.log import ArchiveError, list_segments, read_partition
+from dart.rollout.config import RolloutWorkerConfig
 from dart.rollout.engine import GenerateRequest
 from dart.rollout.hf_engine import HFEngine
-from dart.rollout.service import RolloutWorkerConfig
 from dart.train.checkpoint import checkpoints, step_dir_name
 from dart.train.config import TrainerConfig
 from dart.train.trainer import Trainer

@@ -17,8 +17,8 @@ from dart.config import as_mapping
 from dart.env.config import EnvWorkerConfig
 from dart.log.archiver import ArchiverConfig
 from dart.metrics.sink import MetricsConfig
+from dart.rollout.config import RolloutWorkerConfig
 from dart.rollout.hf_engine import HFEngineConfig
-from dart.rollout.service import RolloutWorkerConfig
 from dart.rundir import tensorboard_dir
 from dart.stack.config import StackConfig
 from dart.stack.supervisor import ServiceSpec

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from dart.agent.config import TransferConfig
 from dart.agent.prompt import PromptConfig
-from dart.agent.weight_broadcast import TransferConfig
 from dart.config import require
 from dart.train.loss import LossConfig
 

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 from dart.events import ObservationEmitted, ReplyRoute, Sampling
-from dart.rollout.service import RolloutWorkerConfig, actions_of
+from dart.rollout.config import RolloutWorkerConfig
+from dart.rollout.service import actions_of
 
 
 def obs(width: int = 1920, height: int = 1080) -> ObservationEmitted:

@@ -12,8 +12,8 @@ import pytest
 import torch
 import yaml
 
+from dart.agent.config import TransferConfig
 from dart.agent.model import load_policy
-from dart.agent.weight_broadcast import TransferConfig
 from dart.agent.weight_format import WEIGHTS_FILE, weights_blob, weights_sha256
 from dart.blobs import LocalBlobStore
 from dart.bus import read_topic

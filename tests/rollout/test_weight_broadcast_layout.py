@@ -12,7 +12,8 @@ import torch.distributed as dist
 
 import dart.rollout.weight_receive as rollout_transfer
 import dart.train.weight_send as train_transfer
-from dart.agent.weight_broadcast import TransferConfig, abort_group, device_identity, shared_device
+from dart.agent.config import TransferConfig
+from dart.agent.weight_broadcast import abort_group, device_identity, shared_device
 from dart.train.engine import free_port
 
 
