@@ -52,6 +52,13 @@ def archiver_cfg(args: argparse.Namespace) -> Any:
     return archiver_config(args)
 
 
+def metrics_cfg(args: argparse.Namespace) -> Any:
+    from dart.metrics.cli import _run_dir_item, metrics_config
+
+    args.run_dir = _run_dir_item(args)
+    return metrics_config(args)
+
+
 # command: (what its file holds, a dotted override, how to read the overridden value, the builder)
 COMMANDS: dict[str, tuple[dict[str, Any], str, Any, Any]] = {
     "up": ({"run_id": "t"}, "trainer.loss.tis=token", lambda c: c.trainer.loss.tis, stack_cfg),
@@ -64,9 +71,10 @@ COMMANDS: dict[str, tuple[dict[str, Any], str, Any, Any]] = {
     "data-manager": ({"data": {}}, "data.scheduler.interval_s=32", lambda c: c.scheduler.interval_s, data_cfg),
     "archiver": ({"archiver": {"log_dir": "log"}}, "archiver.flush_interval_s=32",
                  lambda c: c.flush_interval_s, archiver_cfg),
+    "metrics": ({"metrics": {"out_dir": "tb"}}, "metrics.images_per_version=32", lambda c: c.images_per_version, metrics_cfg),
 }
 EXPECTED = {"up": "token", "eval": 32, "env-worker": 32, "rollout-worker": 32, "train": 3e-4, "data-manager": 32.0,
-            "archiver": 32.0}
+            "archiver": 32.0, "metrics": 32}
 
 
 def commands_taking_a_config() -> set[str]:
@@ -134,3 +142,15 @@ def test_up_flags_are_overrides_and_the_dotted_ones_win(tmp_path):
     args = build_parser().parse_args(["up", "--seed", "3", "--workdir", str(tmp_path), "recipe.seed=5"])
     cfg = stack_cfg(args)
     assert cfg.recipe.seed == 5 and cfg.trainer.seed == 5 and cfg.workdir == Path(tmp_path)
+
+
+def test_metrics_takes_a_run_directory_beside_its_overrides(tmp_path):
+    run = tmp_path / "run"
+    (run / "log").mkdir(parents=True)
+    (run / "blobs").mkdir()
+    args = build_parser().parse_args(["metrics", str(run), "metrics.images_per_version=0", "--out", str(tmp_path / "tb")])
+    cfg = metrics_cfg(args)
+    assert args.run_dir == run and cfg.images_per_version == 0
+    assert cfg.out_dir == tmp_path / "tb" and cfg.blobs == str(run / "blobs")
+    # a run directory that is not there is still named as one (not read as a config file)
+    assert main(["metrics", str(tmp_path / "nope"), "metrics.images_per_version=0"]) == 1

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dart.bus.cli import add_bus_args, bus_from_args
-from dart.config import build, load_yaml
+from dart.config import add_config_args, build, config_from_args
 from dart.log.cli import log_dir_of
 from dart.metrics.sink import MetricsConfig, from_archive, run_live
 from dart.rundir import RunMissing, tensorboard_dir
@@ -19,30 +19,36 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "metrics", help="TensorBoard event files from the log: live (a service of `dart up`) or, given RUN_DIR, "
                         "from its archive after the fact (the same records)")
-    p.add_argument("run_dir", nargs="?", type=Path,
-                   help="a finished run's directory: read RUN_DIR/log (no broker needed), write "
-                        "RUN_DIR/tensorboard/RUN_ID")
+    add_config_args(p, what=" (its `metrics:` section; `bus:` for a live run), or a finished run's directory: "
+                            "read RUN_DIR/log (no broker needed), write RUN_DIR/tensorboard/RUN_ID")
     p.add_argument("--out", type=Path, help="directory of the event files")
     p.add_argument("--blobs", help="blob store of the screenshots (default RUN_DIR/blobs)")
     p.add_argument("--image-every-versions", type=int, help="pictures of trajectories at every N policy versions")
     p.add_argument("--images-per-version", type=int, help="trajectories drawn at such a version (0: none)")
-    add_bus_args(p)  # --config: its `metrics:` section configures the live sink; --run: a live run's broker
+    add_bus_args(p, config=False)  # --run: a live run's broker
     p.set_defaults(func=cmd_metrics)
 
 
+def _run_dir_item(args: argparse.Namespace) -> Path | None:
+    """Take RUN_DIR out of ``[CONFIG|RUN_DIR] [KEY=VALUE ...]``: an item that is no override and no
+    config file (a directory, or a path that is not there and not named ``*.yaml``)."""
+    items = list(getattr(args, "config_items", None) or [])
+    for item in items:
+        if "=" not in item and not Path(item).is_file() and not item.endswith((".yaml", ".yml")):
+            args.config_items = [i for i in items if i is not item]
+            return Path(item)
+    return None
+
+
 def metrics_config(args: argparse.Namespace) -> Any:
-    data: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        data = dict(load_yaml(args.config).get("metrics", {}) or {})
+    flags = {f"metrics.{key}": getattr(args, flag, None)
+             for flag, key in (("out", "out_dir"), ("blobs", "blobs"), ("image_every_versions", "image_every_versions"),
+                               ("images_per_version", "images_per_version"))}
+    data = dict(config_from_args(args, flags=flags).get("metrics") or {})
     if args.run_dir is not None:
         data.setdefault("out_dir", str(tensorboard_dir(args.run_dir, _run_id(args.run_dir))))
         if (args.run_dir / "blobs").is_dir():
             data.setdefault("blobs", str(args.run_dir / "blobs"))
-    for flag, key in (("out", "out_dir"), ("blobs", "blobs"), ("image_every_versions", "image_every_versions"),
-                      ("images_per_version", "images_per_version")):
-        value = getattr(args, flag, None)
-        if value is not None:
-            data[key] = str(value) if isinstance(value, Path) else value
     return build(MetricsConfig, data, path="metrics")
 
 
@@ -55,6 +61,7 @@ def _run_id(run_dir: Path) -> str:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
+    args.run_dir = _run_dir_item(args)
     if args.run_dir is not None and not (args.run_dir / "log").is_dir():
         raise RunMissing(f"no archived log in {args.run_dir} (no {args.run_dir / 'log'}): name the directory "
                          f"`dart up` ran in, e.g. runs/local")
