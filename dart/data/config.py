@@ -145,12 +145,14 @@ class SchedulerConfig:
     capacity_factor: float = 1.5
     """In-flight rollouts <= capacity * factor (a little queue keeps slots busy), unless
     ``refill_cycles`` asks for more."""
-    refill_cycles: float = 2.0
+    refill_cycles: float = 3.0
     """The queue must last this many scheduling cycles (the measured time between two passes'
-    starts, at least ``interval_s``) at the rate the slots lately finished rollouts: in-flight
-    rollouts may reach capacity + that many (see ``scheduler.in_flight_limit``). Two: one cycle
-    until the next pass, and up to one more before a finished rollout reaches the projection and
-    stops counting as in flight. 0: the capacity factor alone."""
+    plans, at least ``interval_s``) at the rate the slots lately finished rollouts: in-flight
+    rollouts may reach capacity + that many (see ``scheduler.in_flight_limit``). One cycle until
+    the next pass, up to one more before a finished rollout reaches the projection and stops
+    counting as in flight, and one for the bursts: the rollout engine answers its batch at once,
+    so many slots finish together (a 64-slot run's queue ran dry at 2.3 cycles' worth).
+    0: the capacity factor alone."""
     heartbeat_ttl_s: float = 30.0
     """A worker whose last heartbeat is older than this counts as gone."""
     request_timeout_s: float = 1800.0
