@@ -143,7 +143,16 @@ class SchedulerConfig:
     capacity: int | None = None
     """Env slots; None sums `slots` of live env worker heartbeats."""
     capacity_factor: float = 1.5
-    """In-flight rollouts <= capacity * factor (a little queue keeps slots busy)."""
+    """In-flight rollouts <= capacity * factor (a little queue keeps slots busy), unless
+    ``refill_cycles`` asks for more."""
+    refill_cycles: float = 3.0
+    """The queue must last this many scheduling cycles (the measured time between two passes'
+    plans, at least ``interval_s``) at the rate the slots lately finished rollouts: in-flight
+    rollouts may reach capacity + that many (see ``scheduler.in_flight_limit``). One cycle until
+    the next pass, up to one more before a finished rollout reaches the projection and stops
+    counting as in flight, and one for the bursts: the rollout engine answers its batch at once,
+    so many slots finish together (a 64-slot run's queue ran dry at 2.3 cycles' worth).
+    0: the capacity factor alone."""
     heartbeat_ttl_s: float = 30.0
     """A worker whose last heartbeat is older than this counts as gone."""
     request_timeout_s: float = 1800.0
@@ -174,6 +183,7 @@ class SchedulerConfig:
         require(self.capacity is None or self.capacity >= 0, "capacity", f"must be >= 0, got {self.capacity}")
         require(self.stats_every_s >= 0, "stats_every_s", f"must be >= 0, got {self.stats_every_s}")
         require(self.capacity_factor >= 1.0, "capacity_factor", f"must be >= 1, got {self.capacity_factor}")
+        require(self.refill_cycles >= 0, "refill_cycles", f"must be >= 0, got {self.refill_cycles}")
         require(self.groups_per_task >= 1, "groups_per_task", f"must be >= 1, got {self.groups_per_task}")
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1, got {self.max_attempts}")
 

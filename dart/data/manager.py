@@ -13,6 +13,7 @@ import contextlib
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from dart.data.config import DataConfig
 from dart.data.coupled import RoundPlan, plan_round
 from dart.data.http import SqlServer
 from dart.data.rule_inputs import Horizon, SlowStats, batch_inputs, round_inputs, schedule_inputs
-from dart.data.scheduler import Plan, PlannedRequest, plan_requests
+from dart.data.scheduler import Plan, PlannedRequest, plan_requests, refill_time
 from dart.data.store import AsyncStore, Store, http_file
 from dart.errors import DecodeError
 from dart.events import BatchAssembled, RolloutRequested, Sampling
@@ -40,10 +41,12 @@ CATCH_UP_MAX_S = 120.0
 # of the log as it was then (at most DRAIN_MAX_S in all).
 DRAIN_MAX_S = 20.0
 HORIZON_SAVE_MS = 30_000
-USAGE_LOG_S = 60.0
-"""Seconds between two data manager lines on what its store thread did."""
 """How often the curation horizon is written to the store (any saved one stays valid; a newer one
 makes a restart's first pass read less)."""
+CYCLES_KEPT = 5
+"""The scheduler's cycle is the median of this many latest times between its passes' plans."""
+USAGE_LOG_S = 60.0
+"""Seconds between two data manager lines on what its store thread did."""
 
 
 def now_ms() -> int:
@@ -80,6 +83,9 @@ class DataManager:
         self._drain: asyncio.Task[None] | None = None
         self._deciding: asyncio.Task[None] | None = None
         self._pending_requests: dict[str, int] = {}
+        self._last_plan_at: float | None = None
+        """When (monotonic) the scheduler last planned: the time between two plans is its cycle."""
+        self._cycles_s: deque[float] = deque(maxlen=CYCLES_KEPT)
         # What earlier passes learned: later passes read only open groups and new outcomes.
         self.horizon = Horizon()
         # The horizon the store kept from an earlier process (None: a new or rebuilt store); saved
@@ -137,7 +143,8 @@ class DataManager:
         for rid in known:
             self._pending_requests.pop(rid, None)
         plan = plan_requests(inputs.tasks, inputs.load, inputs.retries, scheduler=self.cfg.scheduler,
-                             curation=self.cfg.curation, groups_per_batch=self.cfg.batcher.groups_per_batch, rng=self.rng)
+                             curation=self.cfg.curation, groups_per_batch=self.cfg.batcher.groups_per_batch, rng=self.rng,
+                             refill_s=self._refill_s())
         await self._send_requests(plan.requests, at_ms=at, version=inputs.load.current_version)
         if plan.requests or plan.paused != (self.last_plan.paused if self.last_plan else None):
             log.info("scheduled %d rollouts (in flight %d, limit %d, lag %d)%s", len(plan.requests),
@@ -145,6 +152,16 @@ class DataManager:
         self.last_plan = plan
         self.batchable = inputs.batchable
         return plan
+
+    def _refill_s(self) -> float:
+        """How long the requests of this pass must last (``scheduler.refill_time`` of the times
+        between the latest passes' plans). Called once a pass, when it plans."""
+        now = time.monotonic()
+        if self._last_plan_at is not None:
+            self._cycles_s.append(now - self._last_plan_at)
+        self._last_plan_at = now
+        s = self.cfg.scheduler
+        return refill_time(self._cycles_s, interval_s=s.interval_s, refill_cycles=s.refill_cycles)
 
     def _horizon(self) -> Horizon:
         """The horizon a pass may use: the kept one once the projection holds the whole log up to

@@ -152,6 +152,16 @@ def in_flight(store: Store, *, mode: str, since_ms: int) -> int:
     return int(rows[0][0])
 
 
+def finished_since(store: Store, *, mode: str, since_ms: int) -> int:
+    """Rollouts of ``mode`` that finished (any status) since ``since_ms``, by their own time stamps."""
+    rows = store.query(
+        f"""SELECT uniqExact(rollout_id) FROM {store.database}.trajectories
+        WHERE mode = {{mode:String}} AND event_time >= fromUnixTimestamp64Milli({{since:Int64}})""",
+        {"mode": mode, "since": since_ms},
+    )
+    return int(rows[0][0])
+
+
 def known_requests(store: Store, request_ids: Sequence[str]) -> set[str]:
     if not request_ids:
         return set()

@@ -24,6 +24,10 @@ from dart.data.curation import (
 from dart.data.scheduler import Beat, Load, Retry, TaskState, live_capacity
 from dart.data.store import Store
 
+RATE_WINDOW_MS = 30_000
+"""The rate at which the slots finish rollouts (``Load.finished_per_s``) is taken over this window:
+long enough to smooth the bursts of a group's rollouts ending together, short enough to follow a
+policy whose episodes get shorter."""
 LATE_MS = 300_000
 """How late (by its own time stamp) a trajectory or reward may reach the projection and still
 count in ``Horizon.lengths``: rows are read again from this far back on every pass."""
@@ -178,8 +182,10 @@ def schedule_inputs(store: Store, cfg: DataConfig, *, now_ms: int, pending_reque
         projection.heartbeats(store), now_ms=now_ms, ttl_s=scheduler.heartbeat_ttl_s)
     # A request in flight belongs to a group that is not complete: requested since the horizon.
     in_flight = projection.in_flight(store, mode=scheduler.mode, since_ms=max(since, now_ms - int(scheduler.request_timeout_s * 1000)))
+    finished = projection.finished_since(store, mode=scheduler.mode, since_ms=now_ms - RATE_WINDOW_MS)
     load = Load(capacity=capacity, in_flight=in_flight + len(pending_requests - known),
-                unconsumed_batches=projection.unconsumed_batches(store), ready_groups=ready, current_version=current)
+                unconsumed_batches=projection.unconsumed_batches(store), ready_groups=ready, current_version=current,
+                finished_per_s=finished / (RATE_WINDOW_MS / 1000))
     return ScheduleInputs(tasks, load, retries, min(still_open), batchable), known
 
 

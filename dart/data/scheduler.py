@@ -1,6 +1,7 @@
 """Which rollouts to request next (pure: the shell feeds it projection statistics).
 
-Keeps env slots busy but bounded: in-flight rollouts <= capacity * factor. New work comes in
+Keeps env slots busy but bounded: in-flight rollouts <= capacity * factor, or what the slots
+finish before the next pass's requests arrive where that is more. New work comes in
 groups of ``n`` per task (the curation rule), with the task's step cap and a fresh sampling
 seed per request. When the trainer lags (batches assembled but not trained, plus complete
 groups waiting for a batch) by the staleness budget or more, new groups pause: anything
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,9 +40,28 @@ def live_capacity(beats: Sequence[Beat], *, now_ms: int, ttl_s: float) -> int:
     )
 
 
-def in_flight_limit(capacity: int, factor: float) -> int:
-    """Most rollouts requested and not finished at once: floor(capacity * factor)."""
-    return math.floor(capacity * factor)
+def in_flight_limit(capacity: int, factor: float, *, finished_per_s: float = 0.0, refill_s: float = 0.0) -> int:
+    """Most rollouts requested and not finished at once: floor(capacity * factor), or more where
+    the slots finish faster than that queue lasts: capacity + ceil(finished_per_s * refill_s).
+
+    ``refill_s``: how long the requests queued now must last, i.e. until the next scheduling
+    pass's requests reach the env workers (0: the factor alone). A finished trajectory counts as
+    in flight until the projection holds it, so the queue the factor leaves drains by the
+    rollouts finished in one pass cycle plus the projection's lag: a fixed factor runs dry
+    before each pass wherever the slots finish faster than it lasts (short synthetic episodes)."""
+    if capacity <= 0:
+        return 0
+    need = capacity + math.ceil(max(0.0, finished_per_s) * max(0.0, refill_s))
+    return max(math.floor(capacity * factor), need)
+
+
+def refill_time(cycles_s: Sequence[float], *, interval_s: float, refill_cycles: float) -> float:
+    """Seconds the requests of a pass must last (``in_flight_limit``'s ``refill_s``):
+    ``refill_cycles`` scheduler cycles, a cycle being the median of the latest measured times
+    between two passes (slow passes make it longer than ``interval_s``; one stalled pass does
+    not), and never shorter than ``interval_s``."""
+    cycle_s = statistics.median(cycles_s) if cycles_s else interval_s
+    return refill_cycles * max(interval_s, cycle_s)
 
 
 def trainer_lag(*, unconsumed_batches: int, ready_groups: int, groups_per_batch: int) -> int:
@@ -69,6 +90,8 @@ class Load:
     unconsumed_batches: int = 0
     ready_groups: int = 0
     current_version: int = 0
+    finished_per_s: float = 0.0
+    """Rollouts finished per second lately (the rate at which the slots empty the queue)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +147,14 @@ def plan_requests(
     curation: CurationConfig,
     groups_per_batch: int,
     rng: random.Random,
+    refill_s: float = 0.0,
 ) -> Plan:
-    """Retries first, then new groups (least recently scheduled task first) while they fit."""
-    limit = in_flight_limit(load.capacity, scheduler.capacity_factor)
+    """Retries first, then new groups (least recently scheduled task first) while they fit.
+
+    ``refill_s``: how long until the next pass's requests reach the slots (see
+    :func:`in_flight_limit`; 0: the capacity factor alone bounds the queue)."""
+    limit = in_flight_limit(load.capacity, scheduler.capacity_factor, finished_per_s=load.finished_per_s,
+                            refill_s=refill_s)
     lag = trainer_lag(unconsumed_batches=load.unconsumed_batches, ready_groups=load.ready_groups,
                       groups_per_batch=groups_per_batch)
     in_flight = load.in_flight

@@ -75,9 +75,10 @@ def services(recipe: Recipe, *, run_id: str, workdir: Path, pipeline: str, model
         curation=CurationConfig(**curation_section(recipe)),
         # A pass of the scheduler or the batcher is a few curation queries (0.3-0.5 s on the store
         # thread late in a run on 2 busy cores): every 1.5 s, with three times the slots in
-        # flight so that the slots never run dry between two passes (at 2x they did, late in a
-        # run: engine batches fell from ~20 rows to 3), while the data manager leaves the CPU to
-        # the rollout worker and trainer (at 0.5 s, 1x it took ~55 % of a core).
+        # flight at least (at 2x the slots ran dry between two passes late in a run: engine
+        # batches fell from ~20 rows to 3) and more where the slots finish faster than that queue
+        # lasts (``SchedulerConfig.refill_cycles``), while the data manager leaves the CPU to the
+        # rollout worker and trainer (at 0.5 s, 1x it took ~55 % of a core).
         scheduler=SchedulerConfig(temperature=recipe.temperature, top_p=recipe.top_p,
                                   max_new_tokens=recipe.max_new_tokens, frequency_penalty=0.0,
                                   interval_s=1.5, capacity_factor=3.0),

@@ -132,8 +132,8 @@ class WeightFollower:
                 self.worker_id,
                 event.version,
                 previous,
-                self.sources.get(event.version),
                 fetch_s,
+                self.sources.get(event.version),
                 swap_s,
             )
         else:

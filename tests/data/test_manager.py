@@ -356,3 +356,23 @@ async def test_a_restarted_data_manager_starts_from_the_horizon_the_store_kept(b
     finally:
         first.producer.close()
         second.producer.close()
+
+
+async def test_a_pass_queues_what_the_slots_finish_until_the_next_pass(bus: BusConfig, store: Store,
+                                                                       blobs: LocalBlobStore) -> None:
+    """60 rollouts finished in the last 30 s (2 a second) and passes 1 s apart: the requests of a
+    pass must last 3 cycles, so the limit is 10 slots + 2/s x 3 s = 16 (two groups of 8), where
+    10 slots x factor 1.0 alone allow one group."""
+    now = int(time.time() * 1000)
+    finished = [e for i in range(60) for e in Traj("done", "g-done", index=i, steps=1, t=now - 20_000).events()]
+    projection.write_events(store, [task("a"), task("b"), task("c"), *finished])
+    sizes = {}
+    for cycles in (3.0, 0.0):
+        dm = DataManager(config(scheduler=SchedulerConfig(capacity=10, capacity_factor=1.0, interval_s=1.0,
+                                                          refill_cycles=cycles)), bus, store=store, blobs=blobs)
+        try:
+            plan = await dm.schedule_once()
+        finally:
+            dm.producer.close()
+        sizes[cycles] = (plan.limit, len(plan.requests))
+    assert sizes == {3.0: (16, 16), 0.0: (10, 8)}

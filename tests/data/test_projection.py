@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dart.data import projection
@@ -9,6 +11,7 @@ from dart.data.rows import ROWS, TABLES, masked_mean, to_row
 from dart.data.schema import MIGRATIONS, Migration, pending
 from dart.data.store import Store, StoreError, parse_dsn
 from dart.errors import ConfigError
+from dart.events import TrajectoryFinished
 from tests.data.factories import T0, Traj, group, heartbeat, request, task
 
 pytestmark = pytest.mark.clickhouse
@@ -101,6 +104,15 @@ def test_load_queries(store: Store) -> None:
     assert sum(b.slots for b in projection.heartbeats(store)) == 6
     assert projection.current_version(store) == 0 and projection.unconsumed_batches(store) == 0
     assert projection.used_rollouts(store) == (set(), -1)
+    # The rate the slots empty the queue at: rollouts finished since a time (theirs end at T0 + 1000, + 1001)
+    assert projection.finished_since(store, mode="train", since_ms=T0 + 1000) == 2
+    assert projection.finished_since(store, mode="train", since_ms=T0 + 1001) == 1
+    assert projection.finished_since(store, mode="train", since_ms=T0 + 1002) == 0
+    assert projection.finished_since(store, mode="eval", since_ms=T0) == 0
+    # a redelivered finish (a new event id, the same rollout) still counts once
+    finish = next(e for e in events if isinstance(e, TrajectoryFinished))
+    projection.write_events(store, [dataclasses.replace(finish, event_id="again")])
+    assert projection.finished_since(store, mode="train", since_ms=T0) == 2
 
 
 def test_bad_dsn_and_second_chdb_path_are_clear_errors(store: Store, tmp_path) -> None:

@@ -14,6 +14,7 @@ from dart.data.scheduler import (
     in_flight_limit,
     live_capacity,
     plan_requests,
+    refill_time,
     trainer_lag,
 )
 
@@ -62,6 +63,39 @@ def test_in_flight_stays_within_capacity_times_factor() -> None:
     assert plan(tasks, Load(capacity=4, in_flight=1)).requests == ()  # ...but only when nothing runs
     p = plan(tasks, Load(capacity=12, in_flight=3))             # limit 18: 3 + 8 = 11, +8 = 19 > 18
     assert len(p.requests) == 8
+
+
+def test_the_queue_lasts_until_the_next_pass_where_the_factor_would_run_dry() -> None:
+    # 64 slots x 3 = 192; at 40 rollouts/s over a 4.2 s refill the slots finish 168: 64 + 168 = 232
+    assert in_flight_limit(64, 3.0, finished_per_s=40.0, refill_s=4.2) == 232
+    # at 20/s they finish 84 (64 + 84 = 148 < 192): the factor's limit stands
+    assert in_flight_limit(64, 3.0, finished_per_s=20.0, refill_s=4.2) == 192
+    # 10 slots x 1.5 = 15; 2.5/s x 3 s = 7.5 -> 8: 10 + 8 = 18 (rounded up: a rollout short is a slot idle)
+    assert in_flight_limit(10, 1.5, finished_per_s=2.5, refill_s=3.0) == 18
+    # no refill time or no rate: the factor alone, as before
+    assert in_flight_limit(64, 3.0, finished_per_s=40.0) == 192
+    assert in_flight_limit(64, 3.0, refill_s=4.2) == 192
+    # no env capacity stays no requests, whatever finished lately
+    assert in_flight_limit(0, 3.0, finished_per_s=40.0, refill_s=4.2) == 0
+
+
+def test_the_refill_time_is_cycles_of_the_median_pass_gap_never_under_the_interval() -> None:
+    assert refill_time([], interval_s=1.5, refill_cycles=2.0) == 3.0                  # nothing measured yet
+    assert refill_time([2.1, 1.9, 2.0], interval_s=1.5, refill_cycles=2.0) == 4.0     # median 2.0
+    assert refill_time([2.0, 30.0, 2.2], interval_s=1.5, refill_cycles=2.0) == 4.4    # one stall: median 2.2
+    assert refill_time([1.0, 1.2], interval_s=1.5, refill_cycles=2.0) == 3.0          # faster than the interval
+    assert refill_time([2.0], interval_s=1.5, refill_cycles=0.0) == 0.0               # off: the factor alone
+
+
+def test_plans_to_the_refill_limit_when_the_slots_finish_fast() -> None:
+    tasks = [TaskState(f"t{i}", "synthetic", None, 30) for i in range(40)]
+    busy = Load(capacity=64, in_flight=150, finished_per_s=40.0)
+    slow = plan(tasks, busy, scheduler=SchedulerConfig(capacity_factor=3.0))     # limit 192: 150 + 5 x 8 = 190
+    assert slow.limit == 192 and len(slow.requests) == 40
+    # refill 4.2 s: limit 232, 150 + 10 x 8 = 230
+    fast = plan_requests(tasks, busy, scheduler=SchedulerConfig(capacity_factor=3.0), curation=CUR,
+                         groups_per_batch=2, rng=random.Random(0), refill_s=4.2)
+    assert fast.limit == 232 and len(fast.requests) == 80
 
 
 def test_tasks_with_an_open_group_wait_and_least_recent_goes_first() -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 
 from dart.agent.model import load_policy
 from dart.agent.tiny import build_tiny
@@ -34,7 +35,8 @@ def follower_for(engine, store):
     return WeightFollower(engine, store, worker_id="w1", run_id="t", send=send), sent
 
 
-async def test_follower_applies_only_the_newest_version(tiny_dir, store, tmp_path):
+async def test_follower_applies_only_the_newest_version(tiny_dir, store, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="dart.rollout.weights")
     engine = HFEngine(load_policy(tiny_dir))
     blob = state_dict_to_bytes(load_policy(build_tiny(tmp_path / "s1", seed=1)).model)
     follower, sent = follower_for(engine, store)
@@ -50,6 +52,9 @@ async def test_follower_applies_only_the_newest_version(tiny_dir, store, tmp_pat
     assert [(e.version, e.previous_version, e.ok) for e in sent] == [(3, 0, True)]
     assert isinstance(sent[0], WeightsLoaded) and sent[0].worker_id == "w1" and sent[0].swap_s >= 0
     assert engine.version == 3
+    # the swap is said in words (the line's arguments once came in the wrong order: a logging error)
+    (line,) = [r.getMessage() for r in caplog.records if "serves version" in r.getMessage()]
+    assert line.startswith("worker w1 serves version 3 (was 0): fetch ") and "s (blobs), swap " in line
 
 
 async def test_corrupt_version_is_refused_and_old_one_kept(tiny_dir, store):
