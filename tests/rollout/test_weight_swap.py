@@ -36,7 +36,7 @@ def follower_for(engine, store):
 
 
 async def test_follower_applies_only_the_newest_version(tiny_dir, store, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="dart.rollout.weights")
+    caplog.set_level(logging.INFO, logger="dart.rollout.weight_swap")
     engine = HFEngine(load_policy(tiny_dir))
     blob = state_dict_to_bytes(load_policy(build_tiny(tmp_path / "s1", seed=1)).model)
     follower, sent = follower_for(engine, store)
