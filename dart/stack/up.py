@@ -133,15 +133,17 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None, config_file: Path
     supervisor = Supervisor(workdir / "logs", base_env={"DART_BOOTSTRAP": bus.bootstrap,
                                                         "DART_METRICS_DIR": str(workdir / "metrics"),
                                                         "DART_RUN_ID": cfg.run_id})
-    write_descriptor(workdir, run_id=cfg.run_id, bootstrap=bus.bootstrap, prefix=bus.prefix, config=config_file,
-                     pid=os.getpid())
-    say(f"run {cfg.run_id!r} in {workdir}: topics {bus.prefix}.* on {bus.bootstrap}; read it with --run, e.g. "
-        f"`dart tail --run {_shown(workdir)} dart.trajectories`")
     try:
         ensure_topics(bus)
         if not (broker is not None and restore_log(workdir / "log", bus)):
             register_tasks(bus, cfg.run_id, train, "train", backend=cfg.env.backend if pool is not None else "synthetic")
             register_tasks(bus, cfg.run_id, held_out, "eval")
+        # Once the topics and the tasks are there: a `dart tail --run` started as soon as run.json
+        # appears finds them (written before, a fast reader could find no topic yet).
+        write_descriptor(workdir, run_id=cfg.run_id, bootstrap=bus.bootstrap, prefix=bus.prefix, config=config_file,
+                         pid=os.getpid())
+        say(f"run {cfg.run_id!r} in {workdir}: topics {bus.prefix}.* on {bus.bootstrap}; read it with --run, e.g. "
+            f"`dart tail --run {_shown(workdir)} dart.trajectories`")
         if pool is not None:
             say(f"{pool.describe()}; on {bus.topics.tasks}")
         else:
