@@ -141,6 +141,8 @@ class RolloutWorker:
         if not isinstance(obs, ObservationEmitted):
             log.warning("skipping a %s on %s", type(obs).__name__, d.topic)
             return
+        if not obs.reply.topic:  # imported experience (an oracle's step, on the log for the record): no one asked
+            return
         async with self.slots:
             self.busy += 1
             try:

@@ -136,7 +136,10 @@ def replay_decision(run_dir: Path, rollout_id: str, step: int, *, worker_config:
     store = LocalBlobStore(run_dir / "blobs")
     ctx = PromptContext.from_observation(obs)
     messages, images = build_messages(ctx, blob_image_loader(store), cfg.prompt)
-    greedy = dataclasses.replace(act.sampling, temperature=0.0)
+    sampling = act.sampling
+    if sampling.max_new_tokens < 1:  # imported experience (an oracle's step): nothing was sampled
+        sampling = dataclasses.replace(sampling, max_new_tokens=max(len(act.response_token_ids), 1))
+    greedy = dataclasses.replace(sampling, temperature=0.0)
 
     async def answer(sampling: Sampling) -> str:
         engine = HFEngine(policy, cfg.hf)
@@ -147,7 +150,7 @@ def replay_decision(run_dir: Path, rollout_id: str, step: int, *, worker_config:
             await engine.close()
         return gen.text
 
-    same = asyncio.run(answer(act.sampling))
+    same = asyncio.run(answer(sampling))
     greedy_text = asyncio.run(answer(greedy))
     inputs = encode_prompt(policy.tokenizer, policy.image_processor, messages, images)
     logprobs, _ = score_response(policy.model, inputs, list(act.response_token_ids))
