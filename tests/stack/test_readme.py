@@ -58,7 +58,7 @@ DURING = {
     ".venv/bin/dart tail --run runs/local dart.trajectories": '"type": "TrajectoryFinished"',
     '.venv/bin/dart sql --run runs/local "SELECT status, count() FROM trajectories FINAL GROUP BY status"': "│",
     ".venv/bin/dart report --run runs/local": "success",
-    "for f in runs/local/metrics/*.port; do curl -s 127.0.0.1:$(cat $f)/metrics | grep ^dart_consumer_lag; done":
+    "for f in runs/local/metrics/*.port; do curl -s 127.0.0.1:$(cat $f)/metrics; done | grep ^dart_consumer_lag":
         "dart_consumer_lag",
 }
 
