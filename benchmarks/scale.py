@@ -335,7 +335,7 @@ class Tail:
                         for tp in tps:
                             hw = consumer.highwater(tp)
                             if tp.topic in topics and hw is not None:
-                                lag += hw - committed.get(group, {}).get(tp.topic, {}).get(str(tp.partition), 0)
+                                lag += hw - committed.get(self.bus.group_id(group), {}).get(tp.topic, {}).get(str(tp.partition), 0)
                         self.lag[group].append((round(time.monotonic() - t0, 1), lag))
         finally:
             await consumer.stop()

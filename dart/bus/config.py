@@ -163,6 +163,13 @@ class BusConfig:
     def topics(self) -> Topics:
         return Topics(self.prefix)
 
+    def group_id(self, group: str) -> str:
+        """The broker's id of consumer group ``group`` of this run: ``<prefix>.<group>``. Runs (and
+        tests) that share a broker never share a group, so one run's members never hold up another
+        run's rebalance, an offset restore never meets another run's live members, and a Kafka
+        ACL can grant a run its groups by prefix, as it does its topics."""
+        return f"{self.prefix}.{group}"
+
     def librdkafka(self, **extra: Any) -> dict[str, Any]:
         """Properties for a confluent-kafka Producer/AdminClient: bootstrap + security + ``extra``
         (keys as librdkafka spells them, dots and all: pass them as a dict with ``**``)."""

@@ -47,8 +47,8 @@ class Delivered:
 
 def kafka_consumer(cfg: BusConfig, *, group: str | None, client_id: str | None = None, from_beginning: bool = True,
                    fetch_max_wait_ms: int | None = None) -> AIOKafkaConsumer:
-    """A consumer client that commits only when told to: a member of ``group``, or with no group
-    one that reads the partitions it is assigned. ``fetch_max_wait_ms`` None: the bus's (short,
+    """A consumer client that commits only when told to: a member of the run's group ``group``
+    (``BusConfig.group_id``), or with no group one that reads the partitions it is assigned. ``fetch_max_wait_ms`` None: the bus's (short,
     for the env <-> rollout hot path)."""
     extra: dict[str, Any] = {
         "enable_auto_commit": False,
@@ -61,7 +61,7 @@ def kafka_consumer(cfg: BusConfig, *, group: str | None, client_id: str | None =
     if group is not None:
         # NOTE: Tansu answers "latest" with a wrong offset; new groups start from the earliest
         # record unless told otherwise, and resume from their committed offsets after that.
-        extra.update(group_id=group, auto_offset_reset="earliest" if from_beginning else "latest",
+        extra.update(group_id=cfg.group_id(group), auto_offset_reset="earliest" if from_beginning else "latest",
                      session_timeout_ms=cfg.session_timeout_ms, heartbeat_interval_ms=cfg.heartbeat_interval_ms)
     return AIOKafkaConsumer(**cfg.aiokafka(**extra))
 

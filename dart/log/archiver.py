@@ -178,7 +178,7 @@ class Archiver:
         self._load_positions()
         consumer = _KafkaConsumer(self.bus.librdkafka(**{
             # A group id is required by the client; positions come from the archive, never from it.
-            "group.id": f"{self.bus.prefix}-archiver",
+            "group.id": self.bus.group_id("archiver"),
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "error",

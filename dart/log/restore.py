@@ -47,7 +47,7 @@ def end_offsets(bus: BusConfig, partitions: list[tuple[str, int]], timeout_s: fl
     "latest" answer is not reliable; the end-of-partition event is)."""
     if not partitions:
         return {}
-    c = _KafkaConsumer(bus.librdkafka(**{"group.id": f"{bus.prefix}-probe", "enable.auto.commit": False,
+    c = _KafkaConsumer(bus.librdkafka(**{"group.id": bus.group_id("probe"), "enable.auto.commit": False,
                                          "enable.partition.eof": True,
                                          "logger": logging.getLogger("dart.bus.rdkafka")}))
     try:

@@ -400,7 +400,7 @@ async def test_a_pipelined_consumer_fetches_on_while_a_fetch_is_handled_and_comm
     await _until(lambda: len(handled) == 3)  # handled while offset 0 is still in hand
 
     async def committed() -> int | None:
-        probe = AIOKafkaConsumer(**bus.aiokafka(group_id="pipelined", enable_auto_commit=False))
+        probe = AIOKafkaConsumer(**bus.aiokafka(group_id=bus.group_id("pipelined"), enable_auto_commit=False))
         await probe.start()
         try:
             return await probe.committed(TopicPartition(topic, 0))

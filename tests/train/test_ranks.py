@@ -53,7 +53,7 @@ def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout_s: fl
 
 async def committed(bus, group: str, until: int | None = None, timeout_s: float = 30.0) -> int | None:
     """The group's committed offset on the batches topic (``until``: once it reaches that, or the last seen)."""
-    probe = AIOKafkaConsumer(**bus.aiokafka(group_id=group, enable_auto_commit=False))
+    probe = AIOKafkaConsumer(**bus.aiokafka(group_id=bus.group_id(group), enable_auto_commit=False))
     await probe.start()
     try:
         deadline = time.monotonic() + timeout_s
