@@ -25,7 +25,7 @@ FUZZ_TESTS := tests/events/test_codec_fuzz.py tests/agent/test_uitars_properties
               tests/vm/test_protocol_fuzz.py tests/data/test_sqlguard.py tests/data/test_sqlguard_fuzz.py
 FUZZ_EXAMPLES ?= 20000
 
-.PHONY: run test fuzz install install-run system-deps system-deps-run system-deps-desktop system-deps-vm \
+.PHONY: run test test-solutions fuzz install install-run system-deps system-deps-run system-deps-desktop system-deps-vm \
         bench ablate lint clean compose-test contract-test gpu-lock
 
 run: install-run
@@ -43,6 +43,10 @@ test: install
 fuzz: install
 	HYPOTHESIS_PROFILE=fuzz FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider \
 	  --timeout 0 $(FUZZ_TESTS) $(PYTEST_ARGS)
+
+# Every scripted OSWorld solution (make test plays one task per app and evaluator).
+test-solutions: install
+	DART_EVERY_SOLUTION=1 $(PY) -m pytest -q -p no:cacheprovider tests/env/test_osworld_solutions.py $(PYTEST_ARGS)
 
 bench: install
 	$(PY) benchmarks/run_all.py

@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import json
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -479,6 +481,26 @@ def _path(key: str) -> Path:
     return path
 
 
+EVERY_SOLUTION = os.environ.get("DART_EVERY_SOLUTION") == "1"
+"""``make test`` plays one task per app and evaluator (each app start costs 5-30 s on 2 cores);
+``make test-solutions`` (``DART_EVERY_SOLUTION=1``) plays every task with a solution here."""
+
+
+def one_per_evaluator(keys: list[str]) -> list:
+    """``keys`` as parameters, all but the first of each (app, evaluator functions) skipped
+    unless ``EVERY_SOLUTION``: the others check other tasks' solutions, not other evaluator code."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for key in sorted(keys):
+        func = json.loads(_path(key).read_text())["evaluator"].get("func")
+        kind = (key.split("/")[0], json.dumps(func))
+        marks = () if kind not in seen or EVERY_SOLUTION else pytest.mark.skip(
+            reason=f"another {kind[0]} task of evaluator {func} runs here; make test-solutions runs this one")
+        seen.add(kind)
+        out.append(pytest.param(key, marks=marks))
+    return out
+
+
 @pytest.fixture(scope="module")
 async def desktop(xdesktop_available, tmp_path_factory):
     # Its own download cache: the stand-in files never reach a user's real one.
@@ -513,7 +535,7 @@ async def test_impress_opens_on_its_slide_not_in_the_template_picker(desktop):
 
 @pytest.mark.skipif(shutil.which("chromium") is None or shutil.which("vlc") is None or shutil.which("xterm") is None,
                     reason="needs chromium, vlc and xterm")
-@pytest.mark.parametrize("key", sorted(SOLUTIONS))
+@pytest.mark.parametrize("key", one_per_evaluator(list(SOLUTIONS)))
 async def test_scripted_solution_scores_one(desktop, key):
     task = load_task(_path(key))
     await desktop.reset(task)
@@ -525,7 +547,7 @@ async def test_scripted_solution_scores_one(desktop, key):
 
 
 @pytest.mark.skipif(shutil.which("libreoffice") is None, reason="needs libreoffice")
-@pytest.mark.parametrize("key", sorted(STAND_INS))
+@pytest.mark.parametrize("key", one_per_evaluator(list(STAND_INS)))
 async def test_scripted_solution_on_stand_in_files_scores_one(desktop, key):
     files, plan = STAND_INS[key]
     task = load_task(_path(key))
@@ -542,7 +564,7 @@ async def test_scripted_solution_on_stand_in_files_scores_one(desktop, key):
 
 @pytest.mark.skipif(shutil.which("thunderbird") is None or shutil.which("xterm") is None,
                     reason="needs thunderbird and xterm")
-@pytest.mark.parametrize("key", sorted(THUNDERBIRD))
+@pytest.mark.parametrize("key", one_per_evaluator(list(THUNDERBIRD)))
 async def test_thunderbird_solution_on_stand_in_profile_scores_one(desktop, key):
     task = load_task(_path(key))
     urls = task_urls(task)
