@@ -237,11 +237,11 @@ class PromptInputs:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
 
-    def with_response(self, response_ids: list[int]) -> PromptInputs:
+    def with_response(self, response_token_ids: list[int]) -> PromptInputs:
         """The prompt followed by response tokens (text: ``mm_token_type_ids`` extended by 0)."""
         import torch
 
-        ext = torch.tensor([list(response_ids)], dtype=self.input_ids.dtype, device=self.input_ids.device)
+        ext = torch.tensor([list(response_token_ids)], dtype=self.input_ids.dtype, device=self.input_ids.device)
         return replace(
             self,
             input_ids=torch.cat([self.input_ids, ext], dim=1),
