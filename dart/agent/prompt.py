@@ -217,7 +217,10 @@ def build_messages(
 
 @dataclass(frozen=True, kw_only=True)
 class PromptInputs:
-    """Model inputs of one prompt (batch of 1), as ``Qwen2_5_VLForConditionalGeneration`` takes them."""
+    """Model inputs of one prompt (batch of 1), as ``Qwen2_5_VLForConditionalGeneration`` takes them.
+
+    Why a shape of its own: it is the tokenised prompt, the one thing the HF engine and the
+    trainer must build identically (its ``input_ids`` give the prompt hash both compare)."""
 
     input_ids: torch.Tensor
     """(1, T) int64; image placeholders already expanded to one token per merged patch."""

@@ -21,7 +21,11 @@ MANIFEST_FORMAT = "dart.batch.v1"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PromptContext:
-    """What the prompt builder needs for one step: the observation minus its routing."""
+    """What the prompt builder needs for one step: the observation minus its routing.
+
+    Why a shape of its own: the prompt is built from it wherever the step came from (an episode in
+    this process, an ``ObservationEmitted`` off the log, a projection row, a manifest), so the
+    prompt builder never sees routing or the bus."""
 
     instruction: str
     step_index: int
