@@ -35,7 +35,10 @@ Convention = Literal["qwen25vl", "qwen2vl"]
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateRequest:
-    """One prompt to answer."""
+    """One prompt to answer.
+
+    Why a shape of its own: it is what an engine takes (chat + decoded images), built from a
+    PromptContext by the agent or from an HTTP body by ``dart serve``; engines tokenise it."""
 
     messages: list[Message]
     """Chat from ``build_messages`` (``{"type": "image"}`` items refer to ``images`` in order)."""
@@ -47,7 +50,12 @@ class GenerateRequest:
 
 @dataclass(frozen=True, kw_only=True)
 class Generation:
-    """One response, as ``ActionChosen`` carries it."""
+    """One response, as ``ActionChosen`` carries it.
+
+    Why a shape of its own: it is what every engine returns, before anyone parses the text
+    (``dart serve`` answers with it as it is). Its names are the engine's (``text``,
+    ``token_ids``, as vLLM's completions and the HTTP answer have them); the rollout worker
+    writes them into ``ActionChosen.response_text`` / ``response_token_ids``."""
 
     text: str
     """Decoded response without special tokens."""
@@ -80,7 +88,11 @@ class Generator(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class Decision:
-    """The answer of one policy step."""
+    """The answer of one policy step.
+
+    Why a shape of its own: it adds to the engine's :class:`Generation` what the agent decided
+    from it (the parsed actions) and the prompt's hash; episodes in this process read it where the
+    env worker reads an ``ActionChosen``."""
 
     generation: Generation
     actions: list[ParsedAction]

@@ -134,9 +134,9 @@ def save_policy(policy: Policy, out: Path, *, state: Mapping[str, torch.Tensor] 
 
 
 def score_response(
-    model: Any, inputs: PromptInputs, response_ids: list[int]
+    model: Any, inputs: PromptInputs, response_token_ids: list[int]
 ) -> tuple[list[float], list[float]]:
-    """Log-probs and entropies (nats) of ``response_ids`` after the prompt, one forward pass.
+    """Log-probs and entropies (nats) of ``response_token_ids`` after the prompt, one forward pass.
 
     These are of the policy's own distribution (softmax of the raw logits, temperature 1, no
     top-p), the same quantity the engines report for the tokens they sampled. The response
@@ -145,10 +145,10 @@ def score_response(
     import torch
 
     device = next(model.parameters()).device
-    full = inputs.with_response(response_ids).to(device)
+    full = inputs.with_response(response_token_ids).to(device)
     with torch.no_grad():
         logits = model(**full.model_kwargs()).logits[0].float()
-    n = len(response_ids)
+    n = len(response_token_ids)
     start = full.input_ids.shape[1] - n
     logp_T_V = torch.log_softmax(logits[start - 1 : start - 1 + n], dim=-1)
     target = full.input_ids[0, start:].unsqueeze(-1)

@@ -217,7 +217,10 @@ def build_messages(
 
 @dataclass(frozen=True, kw_only=True)
 class PromptInputs:
-    """Model inputs of one prompt (batch of 1), as ``Qwen2_5_VLForConditionalGeneration`` takes them."""
+    """Model inputs of one prompt (batch of 1), as ``Qwen2_5_VLForConditionalGeneration`` takes them.
+
+    Why a shape of its own: it is the tokenised prompt, the one thing the HF engine and the
+    trainer must build identically (its ``input_ids`` give the prompt hash both compare)."""
 
     input_ids: torch.Tensor
     """(1, T) int64; image placeholders already expanded to one token per merged patch."""
@@ -237,11 +240,11 @@ class PromptInputs:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
 
-    def with_response(self, response_ids: list[int]) -> PromptInputs:
+    def with_response(self, response_token_ids: list[int]) -> PromptInputs:
         """The prompt followed by response tokens (text: ``mm_token_type_ids`` extended by 0)."""
         import torch
 
-        ext = torch.tensor([list(response_ids)], dtype=self.input_ids.dtype, device=self.input_ids.device)
+        ext = torch.tensor([list(response_token_ids)], dtype=self.input_ids.dtype, device=self.input_ids.device)
         return replace(
             self,
             input_ids=torch.cat([self.input_ids, ext], dim=1),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dart.data.config import BatcherConfig, CurationConfig
 from dart.data.curation import (
@@ -23,26 +23,7 @@ from dart.data.curation import (
     judge_group,
     select_high_entropy,
 )
-from dart.events.manifest import BatchManifest, PromptContext, Sample
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One step of one trajectory as the projection holds it (observation + action).
-
-    Why a shape of its own: it is a step before curation, which alone knows its group, reward and
-    origin; :func:`build_manifest` adds those to make the manifest's :class:`Sample`. The
-    one-process recipe's episodes produce these too (the same batch builder takes them)."""
-
-    rollout_id: str
-    step_index: int
-    context: PromptContext
-    prompt_hash: str
-    response_token_ids: list[int]
-    logprobs: list[float]
-    entropies: list[float]
-    mean_entropy: float
-    policy_version: int
+from dart.events.manifest import BatchManifest, Sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +87,7 @@ def plan_batch(
 
 def build_manifest(
     plan: BatchPlan,
-    steps: Mapping[str, Sequence[StepRecord]],
+    steps: Mapping[str, Sequence[Sample]],
     *,
     run_id: str,
     seq: int,
@@ -115,7 +96,7 @@ def build_manifest(
     """One Sample per selected step of every kept trajectory; experience steps are all kept.
 
     ``steps`` maps rollout_id -> its recorded steps (a step missing its observation or its
-    action is simply absent).
+    action is simply absent); each is taken as it is, with what curation decided set on it.
     """
     online = {
         (o.rollout_id, s.step_index): s.mean_entropy
@@ -129,13 +110,10 @@ def build_manifest(
         for s in steps.get(o.rollout_id, ()):
             if not experience and (o.rollout_id, s.step_index) not in selected:
                 continue
-            samples.append(Sample(
-                rollout_id=o.rollout_id, step_index=s.step_index, task_id=v.task_id,
+            samples.append(replace(
+                s, rollout_id=o.rollout_id, task_id=v.task_id,
                 # An injected trajectory joins the group it was injected into.
-                group_id=v.group_id, context=s.context, prompt_hash=s.prompt_hash,
-                response_token_ids=list(s.response_token_ids), rollout_logprobs=list(s.logprobs),
-                entropies=list(s.entropies), policy_version=s.policy_version,
-                reward=float(o.reward or 0.0), origin=o.origin,
+                group_id=v.group_id, reward=float(o.reward or 0.0), origin=o.origin,
                 sft=experience and curation.experience_sft,
             ))
     versions = [s.policy_version for s in samples] or [0]

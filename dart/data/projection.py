@@ -11,13 +11,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from dart.data.batcher import StepRecord
 from dart.data.curation import GroupProgress, Outcome
 from dart.data.rows import Row, group_rows
 from dart.data.scheduler import Beat
 from dart.data.store import Store
 from dart.events import Event, HistoryTurn
-from dart.events.manifest import PromptContext
+from dart.events.manifest import PromptContext, Sample
 
 POOL_ORIGINS = ("experience", "oracle")
 
@@ -298,20 +297,21 @@ def open_groups(store: Store, *, mode: str, since_ms: int = 0) -> tuple[
     return progress, requested, templates
 
 
-def steps_of(store: Store, rollout_ids: Sequence[str]) -> dict[str, list[StepRecord]]:
+def steps_of(store: Store, rollout_ids: Sequence[str]) -> dict[str, list[Sample]]:
     """Observation + the action that answered it, per step, for the given rollouts (in step order).
 
     A rollout run twice (a redo after a worker died) has two observations per step: the
-    latest execution's wins."""
+    latest execution's wins. Each step is a :class:`Sample` before curation (reward 0, online)."""
     if not rollout_ids:
         return {}
     db = store.database
     rows = store.query(
         f"""SELECT o.rollout_id, o.step_index, o.instruction, o.screenshot_digest, o.screen_width,
                o.screen_height, o.history_step_index, o.history_screenshot_digest, o.history_response_text,
-               a.prompt_hash, a.response_token_ids, a.logprobs, a.entropies, a.mean_entropy, a.policy_version
+               a.prompt_hash, a.response_token_ids, a.logprobs, a.entropies, a.mean_entropy, a.policy_version,
+               o.task_id, o.group_id
         FROM (SELECT event_id, event_time, rollout_id, step_index, instruction, screenshot_digest, screen_width, screen_height,
-                     history_step_index, history_screenshot_digest, history_response_text
+                     history_step_index, history_screenshot_digest, history_response_text, task_id, group_id
               FROM {db}.observations FINAL WHERE rollout_id IN {{ids:Array(String)}}) AS o
         INNER JOIN (SELECT in_reply_to, event_time, prompt_hash, response_token_ids, logprobs, entropies,
                            mean_entropy, policy_version
@@ -320,15 +320,15 @@ def steps_of(store: Store, rollout_ids: Sequence[str]) -> dict[str, list[StepRec
         ORDER BY o.rollout_id, o.step_index, o.event_time DESC, a.event_time LIMIT 1 BY o.rollout_id, o.step_index""",
         {"ids": list(rollout_ids)},
     )
-    out: dict[str, list[StepRecord]] = defaultdict(list)
+    out: dict[str, list[Sample]] = defaultdict(list)
     for r in rows:
         history = [HistoryTurn(step_index=int(i), screenshot_digest=d, response_text=t)
                    for i, d, t in zip(r[6], r[7], r[8], strict=True)]
         context = PromptContext(instruction=r[2], step_index=int(r[1]), screenshot_digest=r[3],
                                 screen_width=int(r[4]), screen_height=int(r[5]), history=history)
-        out[r[0]].append(StepRecord(
-            rollout_id=r[0], step_index=int(r[1]), context=context, prompt_hash=r[9],
-            response_token_ids=[int(t) for t in r[10]], logprobs=[float(x) for x in r[11]],
+        out[r[0]].append(Sample(
+            rollout_id=r[0], step_index=int(r[1]), task_id=r[15], group_id=r[16], context=context, prompt_hash=r[9],
+            response_token_ids=[int(t) for t in r[10]], rollout_logprobs=[float(x) for x in r[11]],
             entropies=[float(x) for x in r[12]], mean_entropy=float(r[13]), policy_version=int(r[14]),
         ))
     return dict(out)

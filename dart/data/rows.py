@@ -1,7 +1,8 @@
 """Event -> projection row: one pure function per event type.
 
 Each function returns a dict whose keys are the table's columns (``schema.py``), in table
-order. No clock, no database: the same event always gives the same row, which is what makes
+order. Why a shape of its own (a plain dict, not a dataclass): it is the insert into ClickHouse,
+column for column; the columns keep the events' field names. No clock, no database: the same event always gives the same row, which is what makes
 a replay of the log rebuild the same projection.
 """
 

@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Observation:
-    """What the agent sees after a reset or a step."""
+    """What the agent sees after a reset or a step.
+
+    Why a shape of its own: it is the backend's answer, with the screenshot's bytes; the episode
+    puts them into the blob store and the step goes on as a :class:`PromptContext` by digest."""
 
     screenshot_png: bytes
     width: int

@@ -21,7 +21,11 @@ MANIFEST_FORMAT = "dart.batch.v1"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PromptContext:
-    """What the prompt builder needs for one step: the observation minus its routing."""
+    """What the prompt builder needs for one step: the observation minus its routing.
+
+    Why a shape of its own: the prompt is built from it wherever the step came from (an episode in
+    this process, an ``ObservationEmitted`` off the log, a projection row, a manifest), so the
+    prompt builder never sees routing or the bus."""
 
     instruction: str
     step_index: int
@@ -60,10 +64,15 @@ def step_contexts(instruction: str, screen: tuple[int, int], turns: Sequence[tup
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Sample:
-    """One step of one trajectory, ready for the policy loss.
+    """One step of one trajectory: as the projection reads it back, as curation batches it, and as
+    the trainer receives it.
 
-    Why a shape of its own: it crosses from the data manager to the trainer (JSON in the blob
-    store), so it carries what curation decided (group, reward, origin, sft) beside the step."""
+    Why a shape of its own: it is the step as the data manager holds it (the observation joined with
+    the action that answered it) and the unit of a batch manifest, which crosses to the trainer as
+    JSON in the blob store. Before curation a step is ``origin="online"`` with reward 0;
+    :func:`dart.data.batcher.build_manifest` sets what curation decided (group, reward, origin,
+    sft). Field names follow the log's (``ActionChosen``) except ``rollout_logprobs``, the manifest's
+    name, which tells the sampler's log-probs from the trainer's own."""
 
     rollout_id: str
     step_index: int
@@ -74,12 +83,17 @@ class Sample:
     """sha256 of the prompt token ids the rollout worker used; the trainer must rebuild the same."""
     response_token_ids: list[int]
     rollout_logprobs: list[float]
-    """Per-token log-probs under the sampler (for truncated importance sampling)."""
+    """Per-token log-probs under the sampler (``ActionChosen.logprobs``; for truncated importance
+    sampling)."""
     entropies: list[float]
+    mean_entropy: float = 0.0
+    """Mean entropy of the response's tokens (the projection's ``actions.mean_entropy``); curation
+    keeps the highest-entropy online steps by it. Manifests written before it existed read as 0."""
     policy_version: int
-    reward: float
-    """Trajectory reward; every step of a trajectory shares it. The trainer turns rewards into
-    step-wise GRPO advantages with group statistics over trajectories (group_id, rollout_id)."""
+    reward: float = 0.0
+    """Trajectory reward; every step of a trajectory shares it (set by curation). The trainer turns
+    rewards into step-wise GRPO advantages with group statistics over trajectories (group_id,
+    rollout_id)."""
     origin: str = "online"
     """online | experience (injected into an all-fail group) | oracle."""
     sft: bool = False

@@ -155,6 +155,9 @@ class RolloutRequested(Event):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ObservationEmitted(Event):
+    """A step's question on the log: its :class:`~dart.events.manifest.PromptContext` plus where it
+    belongs (rollout, group) and where to reply. Why a shape of its own: it is the Avro record."""
+
     SCHEMA: ClassVar[str] = "dart.v1.ObservationEmitted"
     rollout_id: str
     request_id: str
@@ -176,6 +179,10 @@ class ObservationEmitted(Event):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ActionChosen(Event):
+    """A step's answer on the log: a :class:`~dart.agent.decide.Decision` flattened, with the
+    engine's timings. Why a shape of its own: it is the Avro record (the projection's columns keep
+    its field names, and so does the manifest's ``Sample``, ``logprobs`` -> ``rollout_logprobs`` aside)."""
+
     SCHEMA: ClassVar[str] = "dart.v1.ActionChosen"
     in_reply_to: str
     rollout_id: str

@@ -18,11 +18,11 @@ from dart.agent.decide import EngineActor, Generator
 from dart.agent.prompt import blob_image_loader
 from dart.blobs import BlobStore
 from dart.config import progress
-from dart.data.batcher import StepRecord
 from dart.data.rows import masked_mean
 from dart.env.episode import Episode
 from dart.env.synthetic import SyntheticBackend
 from dart.events import Sampling
+from dart.events.manifest import Sample
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ class Trajectory:
     task_id: str
     group_id: str
     rollout_id: str
-    steps: list[StepRecord]
+    steps: list[Sample]
     """Each turn as the data manager's projection holds it (what the batch builder takes)."""
     reward: float
     finish_reason: str
@@ -66,11 +66,11 @@ async def run_episode(engine: Generator, task: dict[str, Any], *, store: BlobSto
         await episode.run(actor, store=store)
     finally:
         await backend.close()
-    steps = [StepRecord(rollout_id=rollout_id, step_index=ctx.step_index, context=ctx, prompt_hash=d.prompt_hash,
-                        response_token_ids=list(d.generation.token_ids), logprobs=list(d.generation.logprobs),
-                        entropies=list(d.generation.entropies),
-                        mean_entropy=masked_mean(d.generation.entropies, len(d.generation.token_ids)),
-                        policy_version=d.policy_version)
+    steps = [Sample(rollout_id=rollout_id, step_index=ctx.step_index, task_id=task["id"], group_id=group_id,
+                    context=ctx, prompt_hash=d.prompt_hash, response_token_ids=list(d.generation.token_ids),
+                    rollout_logprobs=list(d.generation.logprobs), entropies=list(d.generation.entropies),
+                    mean_entropy=masked_mean(d.generation.entropies, len(d.generation.token_ids)),
+                    policy_version=d.policy_version)
              for ctx, d in actor.turns]
     return Trajectory(task_id=task["id"], group_id=group_id, rollout_id=rollout_id, steps=steps,
                       reward=float(episode.score or 0.0), finish_reason=episode.finish_reason)

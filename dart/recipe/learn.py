@@ -25,16 +25,16 @@ import random
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from dart.agent.model import Policy, load_policy, save_policy
 from dart.agent.prompt import blob_image_loader
 from dart.blobs import BlobStore, LocalBlobStore
-from dart.data.batcher import BatchPlan, StepRecord, build_manifest
+from dart.data.batcher import BatchPlan, build_manifest
 from dart.data.curation import GroupVerdict, Outcome, judge_group
-from dart.events.manifest import BatchManifest
+from dart.events.manifest import BatchManifest, Sample
 from dart.recipe.config import Recipe, curation_config, make_tasks
 from dart.recipe.episodes import Trajectory, evaluate, evaluate_async, rollout_groups
 from dart.recipe.warmstart import Log, oracle_samples, warm_start
@@ -53,12 +53,10 @@ def outcome_of(t: Trajectory, index: int, *, update: int) -> Outcome:
 
 
 def oracle_experience(task: dict[str, Any], group_id: str, policy: Policy, store: BlobStore, recipe: Recipe, *,
-                      update: int) -> tuple[Outcome, list[StepRecord]]:
+                      update: int) -> tuple[Outcome, list[Sample]]:
     """The task's oracle solution as an experience-pool entry for group ``group_id`` (reward 1)."""
     rollout_id = f"oracle:{group_id}"
-    steps = [StepRecord(rollout_id=rollout_id, step_index=s.step_index, context=s.context, prompt_hash=s.prompt_hash,
-                        response_token_ids=s.response_token_ids, logprobs=s.rollout_logprobs, entropies=s.entropies,
-                        mean_entropy=0.0, policy_version=update)
+    steps = [replace(s, rollout_id=rollout_id, group_id=group_id, policy_version=update)
              for s in oracle_samples([task], policy, store, recipe)]
     outcome = Outcome(rollout_id=rollout_id, task_id=task["id"], group_id=group_id, status="success", reward=1.0,
                       num_steps=len(steps), min_version=update, max_version=update, origin="oracle")

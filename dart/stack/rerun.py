@@ -110,16 +110,17 @@ def _weights_event(log_dir: Path, version: int) -> WeightsPublished | None:
     return None
 
 
-def load_version(run_dir: Path, model_dir: Path, version: int) -> Any:
-    """The policy of ``model_dir`` with the weights the run published as ``version``."""
+def load_version(log_dir: Path, store: LocalBlobStore, model_dir: Path, version: int) -> Any:
+    """The policy of ``model_dir`` with the weights the run published as ``version`` (its
+    ``WeightsPublished`` in the archive ``log_dir``, its bytes in ``store``)."""
     policy = load_policy(model_dir)
     if version == 0:
         return policy
-    event = _weights_event(run_dir / "log", version)
+    event = _weights_event(log_dir, version)
     if event is None:
-        raise ArchiveError(f"{run_dir / 'log'}: version {version} was never published in this run")
+        raise ArchiveError(f"{log_dir}: version {version} was never published in this run")
     check_version_digest(event)
-    state = state_dict_from_bytes(LocalBlobStore(run_dir / "blobs").get(weights_blob(event).digest))
+    state = state_dict_from_bytes(store.get(weights_blob(event).digest))
     check_state_dict(policy.model, state)
     policy.model.load_state_dict(state)
     return policy
@@ -127,13 +128,16 @@ def load_version(run_dir: Path, model_dir: Path, version: int) -> Any:
 
 def replay_decision(run_dir: Path, rollout_id: str, step: int, *, worker_config: Path | None = None) -> DecisionReplay:
 
-    config = worker_config or run_dir / "config" / "rollout-0.yaml"
-    if not config.exists():
-        raise ConfigError(f"{config} does not exist: name the rollout worker's config with --worker-config")
-    cfg = build(RolloutWorkerConfig, load_yaml(config).get("rollout", {}), path="rollout")
-    obs, act = _find(run_dir / "log", rollout_id, step)
-    policy = load_version(run_dir, Path(cfg.model), act.policy_version)
+    # The run's parts are each named once (the config, the archive, the blob store) and passed on
+    # under that name; the blob store comes last, as opening it makes its directory.
+    worker_config = worker_config or run_dir / "config" / "rollout-0.yaml"
+    if not worker_config.exists():
+        raise ConfigError(f"{worker_config} does not exist: name the rollout worker's config with --worker-config")
+    cfg = build(RolloutWorkerConfig, load_yaml(worker_config).get("rollout", {}), path="rollout")
+    log_dir = run_dir / "log"
+    obs, act = _find(log_dir, rollout_id, step)
     store = LocalBlobStore(run_dir / "blobs")
+    policy = load_version(log_dir, store, Path(cfg.model), act.policy_version)
     ctx = PromptContext.from_observation(obs)
     messages, images = build_messages(ctx, blob_image_loader(store), cfg.prompt)
     sampling = act.sampling

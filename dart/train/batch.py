@@ -28,10 +28,11 @@ class TrainSample:
     """One sample whose prompt was rebuilt and checked: ready to collate.
 
     Why a shape of its own: it holds the rebuilt prompt's tensors and the advantage, which only
-    the trainer computes (the manifest's :class:`Sample` carries digests and a reward)."""
+    the trainer computes (the manifest's :class:`Sample` carries digests and a reward). Its token
+    fields keep the Sample's names; :class:`ModelBatch` adds only the shape suffix."""
 
     inputs: PromptInputs
-    response_ids: list[int]
+    response_token_ids: list[int]
     rollout_logprobs: list[float]
     entropies: list[float]
     advantage: float
@@ -131,7 +132,7 @@ def prepare_samples(
                                 f"({inputs.num_tokens} prompt tokens)")
             continue
         kept.append(TrainSample(
-            inputs=inputs, response_ids=list(sample.response_token_ids),
+            inputs=inputs, response_token_ids=list(sample.response_token_ids),
             # experience (an oracle's, a replay's) may come without the sampler's log-probs: NaN
             # marks them unknown, and the loss then gives those tokens an importance weight of 1
             rollout_logprobs=list(sample.rollout_logprobs) or [math.nan] * len(sample.response_token_ids),
@@ -152,7 +153,10 @@ def pad_2d(rows: Sequence[Sequence[float]], *, value: float, dtype: torch.dtype)
 
 @dataclass(frozen=True, kw_only=True)
 class ModelBatch:
-    """A collated micro-batch: right-padded prompt+response sequences and the response view."""
+    """A collated micro-batch: right-padded prompt+response sequences and the response view.
+
+    Why a shape of its own: the loss takes padded tensors, not per-sample lists; each field is its
+    :class:`TrainSample` field's name plus the shape suffix."""
 
     input_ids_B_L: torch.Tensor
     attention_mask_B_L: torch.Tensor
@@ -160,12 +164,12 @@ class ModelBatch:
     pixel_values: torch.Tensor | None
     """All images' patches, concatenated in sample order (None: no image in the micro-batch)."""
     image_grid_thw: torch.Tensor | None
-    response_ids_B_T: torch.Tensor
+    response_token_ids_B_T: torch.Tensor
     logit_pos_B_T: torch.Tensor
     """Position whose logits predict response token t (prompt length - 1 + t; 0 on padding)."""
     mask_B_T: torch.Tensor
     """1.0 on real response tokens, 0.0 on padding."""
-    rollout_logp_B_T: torch.Tensor
+    rollout_logprobs_B_T: torch.Tensor
     entropy_B_T: torch.Tensor
     """Rollout-side token entropies (for the entropy step mask)."""
     adv_B: torch.Tensor
@@ -184,7 +188,7 @@ class ModelBatch:
             "input_ids": self.input_ids_B_L,
             "attention_mask": self.attention_mask_B_L,
             "mm_token_type_ids": self.mm_token_type_ids_B_L,
-            "response_ids": self.response_ids_B_T,
+            "response_token_ids": self.response_token_ids_B_T,
             "logit_pos": self.logit_pos_B_T,
         }
         if self.pixel_values is not None:
@@ -203,9 +207,9 @@ class ModelBatch:
 
 def collate(samples: Sequence[TrainSample], step_mask_B: torch.Tensor, *, pad_id: int) -> ModelBatch:
     """Right-pad the samples of one micro-batch into a ModelBatch (CPU tensors)."""
-    sequences = [s.inputs.with_response(s.response_ids) for s in samples]
+    sequences = [s.inputs.with_response(s.response_token_ids) for s in samples]
     prompt_lens = [s.inputs.num_tokens for s in samples]
-    response_lens = [len(s.response_ids) for s in samples]
+    response_lens = [len(s.response_token_ids) for s in samples]
     pixels = [s.inputs.pixel_values for s in samples if s.inputs.pixel_values is not None]
     grids = [s.inputs.image_grid_thw for s in samples if s.inputs.image_grid_thw is not None]
     logit_pos = [[p - 1 + t for t in range(n)] for p, n in zip(prompt_lens, response_lens, strict=True)]
@@ -216,10 +220,10 @@ def collate(samples: Sequence[TrainSample], step_mask_B: torch.Tensor, *, pad_id
                                      dtype=torch.int32),
         pixel_values=torch.cat(pixels) if pixels else None,
         image_grid_thw=torch.cat(grids) if grids else None,
-        response_ids_B_T=pad_2d([s.response_ids for s in samples], value=pad_id, dtype=torch.long),
+        response_token_ids_B_T=pad_2d([s.response_token_ids for s in samples], value=pad_id, dtype=torch.long),
         logit_pos_B_T=pad_2d(logit_pos, value=0, dtype=torch.long),
         mask_B_T=pad_2d([[1.0] * n for n in response_lens], value=0.0, dtype=torch.float32),
-        rollout_logp_B_T=pad_2d([s.rollout_logprobs for s in samples], value=0.0, dtype=torch.float32),
+        rollout_logprobs_B_T=pad_2d([s.rollout_logprobs for s in samples], value=0.0, dtype=torch.float32),
         entropy_B_T=pad_2d([s.entropies for s in samples], value=0.0, dtype=torch.float32),
         adv_B=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
         sft_B=torch.tensor([s.sft for s in samples], dtype=torch.bool),
@@ -236,7 +240,7 @@ def micro_batches(samples: Sequence[TrainSample], step_mask_B: torch.Tensor, *, 
     micro-batches. One optimiser step over all micro-batches does not depend on the order (each
     micro-batch's loss is normalised by the whole batch's sample count); with PPO mini-batches
     (:func:`dart.train.update.apply_update`) every step then sees many tasks, not one group."""
-    lengths = [s.inputs.num_tokens + len(s.response_ids) for s in samples]
+    lengths = [s.inputs.num_tokens + len(s.response_token_ids) for s in samples]
     mix = [hashlib.blake2b(f"{s.rollout_id}:{s.step_index}".encode(), digest_size=8).digest() for s in samples]
     order = sorted(range(len(samples)), key=lambda j: (lengths[j], mix[j]))
     return [collate([samples[j] for j in order[i : i + size]], step_mask_B[order[i : i + size]], pad_id=pad_id)

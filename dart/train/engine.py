@@ -41,7 +41,7 @@ class ResponseScorer(torch.nn.Module):
         self.policy = policy
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mm_token_type_ids: torch.Tensor,
-                response_ids: torch.Tensor, logit_pos: torch.Tensor, pixel_values: torch.Tensor | None = None,
+                response_token_ids: torch.Tensor, logit_pos: torch.Tensor, pixel_values: torch.Tensor | None = None,
                 image_grid_thw: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         kw: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask,
                               "mm_token_type_ids": mm_token_type_ids, "use_cache": False}
@@ -51,7 +51,7 @@ class ResponseScorer(torch.nn.Module):
         index = logit_pos[..., None].expand(-1, -1, hidden_B_L_H.shape[-1])
         logits_B_T_V = self.policy.lm_head(hidden_B_L_H.gather(1, index)).float()
         logp_B_T_V = logits_B_T_V.log_softmax(-1)
-        logp_B_T = logp_B_T_V.gather(-1, response_ids[..., None]).squeeze(-1)
+        logp_B_T = logp_B_T_V.gather(-1, response_token_ids[..., None]).squeeze(-1)
         with torch.no_grad():
             entropy_B_T = -(logp_B_T_V.exp() * logp_B_T_V).sum(-1)
         return logp_B_T, entropy_B_T

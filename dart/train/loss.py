@@ -137,14 +137,14 @@ def ppo_ratio(logp_B_T: torch.Tensor, old_logp_B_T: torch.Tensor, mask_B_T: torc
     return (logp_B_T - logp_B_T.detach() + seq_B[:, None]).exp()
 
 
-def tis_weights(old_logp_B_T: torch.Tensor, rollout_logp_B_T: torch.Tensor, mask_B_T: torch.Tensor,
+def tis_weights(old_logp_B_T: torch.Tensor, rollout_logprobs_B_T: torch.Tensor, mask_B_T: torch.Tensor,
                 cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Truncated importance weights (detached) and where the cap C bit, both ``_B_T``.
 
     The sampler is not the trainer's forward pass (other kernels, a stale version): weight each
     token by min(π_old/π_rollout, C); sequence/geometric use the summed/mean log-ratio of the sample.
     """
-    log_w_B_T = (old_logp_B_T - rollout_logp_B_T).detach() * mask_B_T
+    log_w_B_T = (old_logp_B_T - rollout_logprobs_B_T).detach() * mask_B_T
     if cfg.tis == "off":
         return torch.ones_like(log_w_B_T), torch.zeros_like(log_w_B_T, dtype=torch.bool)
     if cfg.tis == "sequence":
@@ -170,7 +170,7 @@ def nll_loss(logp_B_T: torch.Tensor, mask_B_T: torch.Tensor, *, num_samples: flo
 def policy_loss(
     logp_B_T: torch.Tensor,
     old_logp_B_T: torch.Tensor,
-    rollout_logp_B_T: torch.Tensor,
+    rollout_logprobs_B_T: torch.Tensor,
     adv_B: torch.Tensor,
     mask_B_T: torch.Tensor,
     cfg: LossConfig,
@@ -189,9 +189,9 @@ def policy_loss(
     micro-batches (default: those selected here). ``entropy_B_T`` (the trainer's own token
     entropies) only feeds the stats. ``ref_logp_B_T`` is required when ``cfg.kl_coef > 0``.
     """
-    if not logp_B_T.shape == old_logp_B_T.shape == rollout_logp_B_T.shape == mask_B_T.shape:
+    if not logp_B_T.shape == old_logp_B_T.shape == rollout_logprobs_B_T.shape == mask_B_T.shape:
         raise ValueError(f"log-prob and mask shapes differ: {tuple(logp_B_T.shape)}, {tuple(old_logp_B_T.shape)}, "
-                         f"{tuple(rollout_logp_B_T.shape)}, {tuple(mask_B_T.shape)}")
+                         f"{tuple(rollout_logprobs_B_T.shape)}, {tuple(mask_B_T.shape)}")
     if cfg.kl_coef > 0 and ref_logp_B_T is None:
         raise ValueError("loss.kl_coef > 0 needs ref_logp_B_T (the frozen reference policy's log-probs)")
     num_B = logp_B_T.shape[0]
@@ -201,8 +201,8 @@ def policy_loss(
     den = float(sel_B.sum()) if num_samples is None else float(num_samples)
     den = max(den, 1.0)
     mask_B_T = mask_B_T.to(logp_B_T.dtype) * sel_B[:, None]  # unselected samples: no token counts
-    old_logp_B_T, rollout_logp_B_T = old_logp_B_T.detach(), rollout_logp_B_T.detach()
-    rollout_logp_B_T = torch.where(torch.isnan(rollout_logp_B_T), old_logp_B_T, rollout_logp_B_T)
+    old_logp_B_T, rollout_logprobs_B_T = old_logp_B_T.detach(), rollout_logprobs_B_T.detach()
+    rollout_logprobs_B_T = torch.where(torch.isnan(rollout_logprobs_B_T), old_logp_B_T, rollout_logprobs_B_T)
     adv_B = adv_B.to(logp_B_T)
     if cfg.negative_scale != 1.0:
         adv_B = torch.where(adv_B < 0, adv_B * cfg.negative_scale, adv_B)
@@ -216,7 +216,7 @@ def policy_loss(
     if cfg.dual_clip is not None:
         # A < 0 and a huge ratio would push a bad token down without bound: cap the loss at −A·c.
         pg_B_T = torch.where(negative_B_T, torch.minimum(pg_B_T, -adv_B_T * cfg.dual_clip), pg_B_T)
-    tis_B_T, capped_B_T = tis_weights(old_logp_B_T, rollout_logp_B_T, mask_B_T, cfg)
+    tis_B_T, capped_B_T = tis_weights(old_logp_B_T, rollout_logprobs_B_T, mask_B_T, cfg)
     pg_B_T = pg_B_T * tis_B_T
 
     per_sample = {"policy": masked_mean_B(pg_B_T, mask_B_T)}
@@ -233,13 +233,13 @@ def policy_loss(
     with torch.no_grad():
         per_sample["total"] = loss.detach() * den / max(float(sel_B.sum()), 1.0) * sel_B
         stats = _stats(per_sample, sel_B, sft_sel_B, mask_B_T, adv_B_T, ratio_B_T, logp_B_T, old_logp_B_T,
-                       rollout_logp_B_T, tis_B_T, capped_B_T, entropy_B_T, cfg)
+                       rollout_logprobs_B_T, tis_B_T, capped_B_T, entropy_B_T, cfg)
     return loss, stats
 
 
 def _stats(per_sample: dict[str, torch.Tensor], sel_B: torch.Tensor, sft_sel_B: torch.Tensor,
            mask_B_T: torch.Tensor, adv_B_T: torch.Tensor, ratio_B_T: torch.Tensor, logp_B_T: torch.Tensor,
-           old_logp_B_T: torch.Tensor, rollout_logp_B_T: torch.Tensor, tis_B_T: torch.Tensor,
+           old_logp_B_T: torch.Tensor, rollout_logprobs_B_T: torch.Tensor, tis_B_T: torch.Tensor,
            capped_B_T: torch.Tensor, entropy_B_T: torch.Tensor | None, cfg: LossConfig) -> LossStats:
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
@@ -264,7 +264,7 @@ def _stats(per_sample: dict[str, torch.Tensor], sel_B: torch.Tensor, sft_sel_B: 
     tok("ratio/abs_dev", (ratio_B_T.detach() - 1.0).abs())
     tok("tis/mean", tis_B_T)
     tok("tis/capped_frac", capped_B_T)
-    mismatch_B_T = old_logp_B_T - rollout_logp_B_T
+    mismatch_B_T = old_logp_B_T - rollout_logprobs_B_T
     tok("mismatch/abs", mismatch_B_T.abs())
     tok("mismatch/k3", k3(-mismatch_B_T))
     tok("logp/mean", logp_B_T.detach())

@@ -70,7 +70,7 @@ def apply_update(engine: Engine, batches: Sequence[ModelBatch], loss_cfg: LossCo
                 device = logp_B_T.device
                 ref_logp_B_T = refs[i].to(device) if refs[i] is not None else None
                 loss, micro_stats = policy_loss(
-                    logp_B_T, old[i].to(device), batch.rollout_logp_B_T.to(device), batch.adv_B.to(device),
+                    logp_B_T, old[i].to(device), batch.rollout_logprobs_B_T.to(device), batch.adv_B.to(device),
                     batch.mask_B_T.to(device), loss_cfg, ref_logp_B_T=ref_logp_B_T,
                     step_mask_B=batch.step_mask_B.to(device), sft_B=batch.sft_B.to(device),
                     entropy_B_T=entropy_B_T, num_samples=max(num_samples, 1),
@@ -96,7 +96,7 @@ def _single_step(engine: Engine, batches: Sequence[ModelBatch], loss_cfg: LossCo
         device = logp_B_T.device
         ref_logp_B_T = ref.logprobs(batch).to(device) if ref is not None and loss_cfg.kl_coef > 0 else None
         loss, micro_stats = policy_loss(
-            logp_B_T, logp_B_T.detach(), batch.rollout_logp_B_T.to(device), batch.adv_B.to(device),
+            logp_B_T, logp_B_T.detach(), batch.rollout_logprobs_B_T.to(device), batch.adv_B.to(device),
             batch.mask_B_T.to(device), loss_cfg, ref_logp_B_T=ref_logp_B_T,
             step_mask_B=batch.step_mask_B.to(device), sft_B=batch.sft_B.to(device), entropy_B_T=entropy_B_T,
             num_samples=num_samples,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dart.data.batcher import StepRecord, batch_id_for, build_manifest, plan_batch
+import json
+from dataclasses import replace
+
+from dart.data.batcher import batch_id_for, build_manifest, plan_batch
 from dart.data.config import BatcherConfig, CurationConfig
 from dart.data.curation import GroupProgress, Outcome
-from dart.events.manifest import BatchManifest, PromptContext
+from dart.events.manifest import BatchManifest, PromptContext, Sample
 
 CUR = CurationConfig(entropy_top_fraction=0.5, min_failed_steps=0)
 BAT = BatcherConfig(groups_per_batch=2, group_timeout_s=60)
@@ -50,7 +53,9 @@ def test_batch_id_depends_on_content_only() -> None:
 def step(rid, i, mean_entropy, version=1):
     ctx = PromptContext(instruction="x", step_index=i, screenshot_digest=f"{rid}{i}", screen_width=10,
                         screen_height=10)
-    return StepRecord(rid, i, ctx, f"h{i}", [1, 2], [-0.1, -0.2], [mean_entropy] * 2, mean_entropy, version)
+    return Sample(rollout_id=rid, step_index=i, task_id="t", group_id="g", context=ctx, prompt_hash=f"h{i}",
+                  response_token_ids=[1, 2], rollout_logprobs=[-0.1, -0.2], entropies=[mean_entropy] * 2,
+                  mean_entropy=mean_entropy, policy_version=version)
 
 
 def test_manifest_has_selected_steps_rewards_and_injected_experience() -> None:
@@ -76,3 +81,19 @@ def test_manifest_has_selected_steps_rewards_and_injected_experience() -> None:
     assert m.stats["injected"] == 1.0 and m.stats["samples"] == 6.0 and m.stats["entropy_cutoff"] == 0.2
     assert m.stats["dropped_rollouts/replaced"] == 1.0
     assert BatchManifest.from_bytes(m.to_bytes()) == m
+
+
+def test_a_manifest_written_before_samples_carried_mean_entropy_still_decodes() -> None:
+    """Manifests in old runs' blob stores have no ``mean_entropy`` key: it reads as 0, the rest as written."""
+    p = plan([grp("g1", [1.0, 0.0], 1), grp("g2", [0.0, 1.0], 2)])
+    assert p is not None
+    steps = {f"{g}-{i}": [step(f"{g}-{i}", 0, e)] for g, i, e in (("g1", 0, 0.9), ("g1", 1, 0.4), ("g2", 0, 0.3),
+                                                                   ("g2", 1, 0.2))}
+    m = build_manifest(p, steps, run_id="run", seq=1, curation=replace(CUR, entropy_top_fraction=1.0))
+    body = json.loads(m.to_bytes())
+    assert [s.pop("mean_entropy") for s in body["samples"]] == [0.9, 0.4, 0.3, 0.2]
+    old = BatchManifest.from_bytes(json.dumps(body).encode())
+    assert [s.mean_entropy for s in old.samples] == [0.0] * 4
+    assert [replace(s, mean_entropy=0.0) for s in m.samples] == old.samples
+    assert [(s.task_id, s.group_id, s.reward) for s in old.samples] == [("t", "g1", 1.0), ("t", "g1", 0.0),
+                                                                          ("t", "g2", 0.0), ("t", "g2", 1.0)]

@@ -91,6 +91,9 @@ def test_curation_queries_on_a_crafted_history(store: Store) -> None:
     assert [s.step_index for s in steps] == [0, 1, 2, 3]
     assert [h.step_index for h in steps[3].context.history] == [0, 1, 2]
     assert steps[2].mean_entropy == pytest.approx(0.3) and steps[2].policy_version == 3
+    # a step as curation finds it: its observation's task and group, not yet a reward or an origin of its own
+    assert {(s.task_id, s.group_id) for s in steps} == {(t1[0].task_id, t1[0].group_id)}
+    assert {(s.reward, s.origin, s.sft) for s in steps} == {(0.0, "online", False)}
     assert int(store.query(f"SELECT count() FROM {db}.steps")[0][0]) == 4 * 4 + 2 * 6 + 3 + 7
 
 

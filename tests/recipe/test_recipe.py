@@ -12,11 +12,10 @@ import pytest
 from dart.agent.actions import Click
 from dart.agent.prompt import PromptConfig
 from dart.agent.uitars import parse_actions
-from dart.data.batcher import StepRecord
 from dart.env.synthetic import generate_tasks, oracle_plan, screen_of
 from dart.errors import ConfigError
 from dart.events import Sampling
-from dart.events.manifest import PromptContext
+from dart.events.manifest import PromptContext, Sample
 from dart.recipe.config import Recipe, make_tasks
 from dart.recipe.episodes import Trajectory, eval_schedule, run_episode, sampling_seed
 from dart.recipe.learn import batch_of, run_recipe
@@ -219,8 +218,9 @@ def _traj(group: str, rid: str, reward: float, task_id: str = "t") -> Trajectory
     """A one-step trajectory (its step's screenshot is never read: batches are only built here)."""
     ctx = PromptContext(instruction="click", step_index=0, screenshot_digest="0" * 64, screen_width=112,
                         screen_height=112)
-    step = StepRecord(rollout_id=rid, step_index=0, context=ctx, prompt_hash="h", response_token_ids=[1, 2],
-                      logprobs=[-0.5, -0.5], entropies=[0.3, 0.3], mean_entropy=0.3, policy_version=0)
+    step = Sample(rollout_id=rid, step_index=0, task_id=task_id, group_id=group, context=ctx, prompt_hash="h",
+                  response_token_ids=[1, 2], rollout_logprobs=[-0.5, -0.5], entropies=[0.3, 0.3], mean_entropy=0.3,
+                  policy_version=0)
     return Trajectory(task_id=task_id, group_id=group, rollout_id=rid, steps=[step], reward=reward,
                       finish_reason="env_done")
 

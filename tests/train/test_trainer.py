@@ -61,10 +61,10 @@ def test_batched_scoring_with_padding_equals_one_sample_at_a_time(batch, store, 
         logp_all, _ = scorer(**together.model_inputs())
         for i, sample in enumerate(samples):
             logp_one, _ = scorer(**collate([sample], keep[i : i + 1], pad_id=tiny_policy.pad_token_id).model_inputs())
-            n = len(samples[i].response_ids)
+            n = len(samples[i].response_token_ids)
             torch.testing.assert_close(logp_all[i, :n], logp_one[0], atol=2e-5, rtol=0)
     # The rollout log-probs were the model's own, perturbed by N(0, 0.05): the trainer sees them.
-    gap = (logp_all - together.rollout_logp_B_T).abs() * together.mask_B_T
+    gap = (logp_all - together.rollout_logprobs_B_T).abs() * together.mask_B_T
     assert 0.0 < float(gap.sum() / together.mask_B_T.sum()) < 0.2
 
 
@@ -165,7 +165,8 @@ def test_micro_batches_group_similar_lengths_and_keep_each_sample_and_its_mask(b
     # Every sample exactly once, with its own advantage and mask bit.
     seen = sorted((float(a), bool(k)) for p in parts for a, k in zip(p.adv_B, p.step_mask_B, strict=True))
     assert seen == sorted((s.advantage, bool(k)) for s, k in zip(samples, keep, strict=True))
-    assert sum(p.num_tokens for p in parts) == sum(len(s.response_ids) for s, k in zip(samples, keep, strict=True) if k)
+    assert sum(p.num_tokens for p in parts) == sum(len(s.response_token_ids)
+                                                   for s, k in zip(samples, keep, strict=True) if k)
 
 
 def test_a_sampled_vision_placeholder_token_drops_that_step_not_the_batch(batch, store, tiny_policy) -> None:

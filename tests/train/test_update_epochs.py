@@ -43,7 +43,7 @@ class FakeEngine:
 def micro(rows: list[int], adv: list[float], tokens: int = 3) -> SimpleNamespace:
     n = len(rows)
     logp0 = -torch.nn.functional.softplus(torch.zeros(n, tokens))
-    return SimpleNamespace(rows=torch.tensor(rows), adv_B=torch.tensor(adv), rollout_logp_B_T=logp0,
+    return SimpleNamespace(rows=torch.tensor(rows), adv_B=torch.tensor(adv), rollout_logprobs_B_T=logp0,
                            mask_B_T=torch.ones(n, tokens), step_mask_B=torch.ones(n, dtype=torch.bool),
                            sft_B=torch.zeros(n, dtype=torch.bool))
 
