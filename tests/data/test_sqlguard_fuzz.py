@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import chdb
@@ -63,11 +64,16 @@ class Recorder:
 
 
 @pytest.fixture(scope="module")
-def engine(chdb_path: Path, tmp_path_factory) -> Engine:
+def engine(chdb_path: Path, tmp_path_factory) -> Iterator[Engine]:
+    # Held open for the module: with no connection open, chdb shuts its engine down and every
+    # example's connect starts it again, which costs more the more the session's path holds
+    # (after the other data tests in the process, ~2 s per example instead of a few ms).
     conn = chdb.connect(str(chdb_path))
     conn.query("CREATE DATABASE IF NOT EXISTS fuzz")
-    conn.close()
-    return Engine(chdb_path, SqlLimits(max_execution_time_s=1, max_result_rows=1000), database="fuzz")
+    try:
+        yield Engine(chdb_path, SqlLimits(max_execution_time_s=1, max_result_rows=1000), database="fuzz")
+    finally:
+        conn.close()
 
 
 def _ast(conn, sql: str) -> str:
