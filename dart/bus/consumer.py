@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import signal
 import sys
@@ -54,6 +55,9 @@ class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("%s: assigned %d partitions", self.name, len(assigned))
         self.started.set()
 
+
+JOIN_WARN_S = 30.0
+"""A consumer that has waited this long for its group's partitions says so (and again as often)."""
 
 SLOW_FETCH_WAIT_MS = 500
 """Fetch wait of consumers whose records come every several seconds (batches, weights): the dev
@@ -173,6 +177,7 @@ class Consumer:
                                   from_beginning=self.from_beginning, fetch_max_wait_ms=self.fetch_max_wait_ms)
         consumer.subscribe(self.topics, listener=_Assigned(self.started, self.group))
         await consumer.start()
+        watchdog = asyncio.create_task(self._join_watch(), name=f"{self.group}-join-watch")
         try:
             while not self._stopping.is_set():
                 fetch_started = time.monotonic()
@@ -205,12 +210,25 @@ class Consumer:
                     self.reached_end.set()
                     self._end_fetch_started = fetch_started
         finally:
+            watchdog.cancel()
             await self._drain(consumer, abort=sys.exc_info()[0] is not None)
             await consumer.stop()
             if self._own_producer and self._producer is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self._producer.close)
             log.info("%s: stopped after %d records (%d dead-lettered)", self.group, self.handled,
                      self.dead_lettered)
+
+    async def _join_watch(self, every_s: float = JOIN_WARN_S) -> None:
+        """One warning line every ``every_s`` while the group has given this member no partition:
+        a join waits until every member the broker knows rejoins or its session times out."""
+        t0 = time.monotonic()
+        while not self.started.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.started.wait(), every_s)
+            if not self.started.is_set():
+                log.warning("%s: no partitions after %.0f s: the group %s is still rebalancing (a member "
+                            "that does not rejoin holds it up to its session timeout)", self.group,
+                            time.monotonic() - t0, self.cfg.group_id(self.group))
 
     async def _pipeline(self, consumer: AIOKafkaConsumer, batches: dict[Any, list[Any]]) -> None:
         """Start handling a fetch (all its partitions at once) and return while it runs, unless

@@ -448,3 +448,39 @@ async def test_a_stopping_consumer_takes_in_hand_every_record_acknowledged_befor
     producer.close()
     assert len(seen) == len(set(seen)) == 30
     assert waited < 10
+
+
+async def test_a_runs_groups_carry_its_prefix_on_the_broker_and_a_slow_join_is_reported(bus: BusConfig, caplog):
+    """Two runs on one broker never share a consumer group: the broker knows this run's group
+    ``g`` as ``<prefix>.g``. A member still waiting for partitions says so, once per interval."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    waiting = Consumer(bus, topics=[bus.topics.heartbeats], group="g", handler=lambda d: asyncio.sleep(0))
+    with caplog.at_level("WARNING", logger="dart.bus.consumer"):
+        watch = asyncio.create_task(waiting._join_watch(every_s=0.05))
+        await asyncio.sleep(0.18)
+        waiting.started.set()
+        await asyncio.wait_for(watch, 1)
+    said = [r.getMessage() for r in caplog.records if "no partitions after" in r.getMessage()]
+    assert 2 <= len(said) <= 4 and f"the group {bus.prefix}.g is still rebalancing" in said[0]
+
+    member = Consumer(bus, topics=[bus.topics.heartbeats], group="g", handler=lambda d: asyncio.sleep(0))
+    task = asyncio.create_task(member.run())
+    await asyncio.wait_for(member.started.wait(), 30)
+    producer = Producer(bus)
+    await producer.send(heartbeat(0), partition=0)
+    producer.close()
+    await _until(lambda: member.handled == 1)  # handled and committed
+    member.stop()
+    await asyncio.wait_for(task, 15)
+
+    async def committed(group_id: str) -> int | None:
+        probe = AIOKafkaConsumer(**bus.aiokafka(group_id=group_id, enable_auto_commit=False))
+        await probe.start()
+        try:
+            return await probe.committed(TopicPartition(bus.topics.heartbeats, 0))
+        finally:
+            await probe.stop()
+
+    assert await committed(f"{bus.prefix}.g") == 1
+    assert await committed("g") is None
