@@ -48,8 +48,8 @@ class Delivered:
 def kafka_consumer(cfg: BusConfig, *, group: str | None, client_id: str | None = None, from_beginning: bool = True,
                    fetch_max_wait_ms: int | None = None) -> AIOKafkaConsumer:
     """A consumer client that commits only when told to: a member of the run's group ``group``
-    (``BusConfig.group_id``), or with no group one that reads the partitions it is assigned. ``fetch_max_wait_ms`` None: the bus's (short,
-    for the env <-> rollout hot path)."""
+    (``BusConfig.group_id``), or with no group one that reads the partitions it is assigned.
+    ``fetch_max_wait_ms`` None: the bus's (short, for the env <-> rollout hot path)."""
     extra: dict[str, Any] = {
         "enable_auto_commit": False,
         "fetch_max_wait_ms": cfg.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,

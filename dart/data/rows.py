@@ -2,8 +2,9 @@
 
 Each function returns a dict whose keys are the table's columns (``schema.py``), in table
 order. Why a shape of its own (a plain dict, not a dataclass): it is the insert into ClickHouse,
-column for column; the columns keep the events' field names. No clock, no database: the same event always gives the same row, which is what makes
-a replay of the log rebuild the same projection.
+column for column; the columns keep the events' field names. No clock, no database: the same
+event always gives the same row, which is what makes a replay of the log rebuild the same
+projection.
 """
 
 from __future__ import annotations
