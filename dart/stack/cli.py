@@ -181,7 +181,7 @@ def cmd_replay_decision(args: argparse.Namespace) -> int:
     _require_run_dir(args.run_dir)
     result = replay_decision(args.run_dir, args.rollout_id, args.step, worker_config=args.worker_config)
     print(result.text())
-    return 0 if result.identical else 1
+    return 0 if result.reproduced else 1
 
 
 def _require_run_dir(run_dir: Path) -> None:

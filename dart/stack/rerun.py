@@ -9,6 +9,8 @@ the same observation three ways:
 
 - **same sampling** (the logged temperature, top-p and seed): the rollout worker's per-request
   generator is seeded from the logged seed, so on the same CPU build the text is identical;
+  an imported step (an oracle's or another run's experience, ``max_new_tokens`` 0) was never
+  sampled, so there is nothing to reproduce: it is named as imported, never as DIFFERS;
 - **greedy**: what the policy would say at temperature 0;
 - **re-scored**: the logged response tokens under the policy in one forward pass; the largest
   difference from the logged per-token log-probs says whether the weights and prompt are the
@@ -59,19 +61,31 @@ class DecisionReplay:
     tokens: int
     prompt_equal: bool
     """The rebuilt prompt's token hash equals the logged ``prompt_hash``."""
+    imported_from: str = ""
+    """The engine of an imported step (``dart log`` experience, an oracle): nothing was sampled."""
+
     @property
     def identical(self) -> bool:
         return self.same_sampling_text == self.logged_text
+
+    @property
+    def reproduced(self) -> bool:
+        """The command's verdict: a sampled decision came out the same; an imported one has no
+        sampling to reproduce and passes."""
+        return bool(self.imported_from) or self.identical
 
     def text(self) -> str:
         def show(s: str) -> str:
             return repr(s if len(s) <= 160 else s[:157] + "...")
 
+        if self.imported_from:
+            verdict = f"not sampled: imported from {self.imported_from}, the policy's own answer for comparison"
+        else:
+            verdict = "IDENTICAL" if self.identical else "DIFFERS"
         return "\n".join([
             f"decision {self.rollout_id} step {self.step_index}, policy version {self.policy_version}",
             f"  logged                 {show(self.logged_text)}",
-            f"  same sampling (seeded) {show(self.same_sampling_text)}  "
-            f"{'IDENTICAL' if self.identical else 'DIFFERS'}",
+            f"  same sampling (seeded) {show(self.same_sampling_text)}  {verdict}",
             f"  greedy                 {show(self.greedy_text)}  "
             f"{'same as logged' if self.greedy_text == self.logged_text else 'differs from logged'}",
             f"  prompt                 {'rebuilt token for token (hash equal)' if self.prompt_equal else 'DIFFERS'}",
@@ -141,7 +155,8 @@ def replay_decision(run_dir: Path, rollout_id: str, step: int, *, worker_config:
     ctx = PromptContext.from_observation(obs)
     messages, images = build_messages(ctx, blob_image_loader(store), cfg.prompt)
     sampling = act.sampling
-    if sampling.max_new_tokens < 1:  # imported experience (an oracle's step): nothing was sampled
+    imported = sampling.max_new_tokens < 1  # imported experience (an oracle's step): nothing was sampled
+    if imported:
         sampling = dataclasses.replace(sampling, max_new_tokens=max(len(act.response_token_ids), 1))
     greedy = dataclasses.replace(sampling, temperature=0.0)
 
@@ -160,7 +175,8 @@ def replay_decision(run_dir: Path, rollout_id: str, step: int, *, worker_config:
     logprobs, _ = score_response(policy.model, inputs, list(act.response_token_ids))
     diff = max((abs(a - b) for a, b in zip(logprobs, act.logprobs, strict=False)), default=0.0)
     return DecisionReplay(rollout_id, step, act.policy_version, act.response_text, same, greedy_text, diff,
-                          len(act.response_token_ids), prompt_hash(inputs.token_ids()) == act.prompt_hash)
+                          len(act.response_token_ids), prompt_hash(inputs.token_ids()) == act.prompt_hash,
+                          imported_from=(act.engine or "an import") if imported else "")
 
 
 # ---------------------------------------------------------------- one trainer update
