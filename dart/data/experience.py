@@ -45,6 +45,8 @@ from dart.events.manifest import Sample, step_contexts
 
 NAMESPACE = uuid.UUID("6f1c3c1e-4d7b-4a59-9a51-5f0d9c7e2a10")
 PRODUCER = "experience-import"
+EXPERIENCE_MODE = "experience"
+"""The ``mode`` of every imported step and trajectory: never scheduled, never sampled."""
 NO_SAMPLING = Sampling(temperature=0.0, top_p=1.0, max_new_tokens=0, seed=0)
 NO_ROUTE = ReplyRoute(topic="", partition=0, worker_id="")
 
@@ -91,7 +93,7 @@ def experience_events(record: dict[str, Any], *, run_id: str, origin: str, at_ms
             event_id=_id(rollout_id, "obs", i), event_time=at_ms, **env, rollout_id=rollout_id,
             request_id=rollout_id, task_id=task_id, group_id=group_id, step_index=i, instruction=instruction,
             screenshot_digest=ctx.screenshot_digest, screen_width=width, screen_height=height, history=ctx.history,
-            reply=NO_ROUTE, sampling=NO_SAMPLING, max_steps=len(steps), mode="experience", env_worker=PRODUCER,
+            reply=NO_ROUTE, sampling=NO_SAMPLING, max_steps=len(steps), mode=EXPERIENCE_MODE, env_worker=PRODUCER,
             slot=0)
         events.append(obs)
         events.append(ActionChosen(
@@ -105,7 +107,7 @@ def experience_events(record: dict[str, Any], *, run_id: str, origin: str, at_ms
     events.append(TrajectoryFinished(
         event_id=_id(rollout_id, "finished"), event_time=at_ms, **env, rollout_id=rollout_id, request_id=rollout_id,
         task_id=task_id, group_id=group_id, rollout_index=0, status=status, finish_reason=origin,
-        num_steps=len(steps), max_steps=len(steps), step_policy_versions=versions, mode="experience",
+        num_steps=len(steps), max_steps=len(steps), step_policy_versions=versions, mode=EXPERIENCE_MODE,
         origin=origin, env_worker=PRODUCER, slot=0, reset_s=0.0, env_s=0.0, policy_wait_s=0.0, eval_s=0.0,
         started_at=at_ms))
     events.append(RewardAssigned(

@@ -9,7 +9,7 @@ the same observation three ways:
 
 - **same sampling** (the logged temperature, top-p and seed): the rollout worker's per-request
   generator is seeded from the logged seed, so on the same CPU build the text is identical;
-  an imported step (an oracle's or another run's experience, ``max_new_tokens`` 0) was never
+  an imported step (``mode="experience"``: an oracle's or another run's experience) was never
   sampled, so there is nothing to reproduce: it is named as imported, never as DIFFERS;
 - **greedy**: what the policy would say at temperature 0;
 - **re-scored**: the logged response tokens under the policy in one forward pass; the largest
@@ -38,6 +38,7 @@ from dart.blobs import LocalBlobStore
 from dart.config import build, load_yaml
 from dart.errors import ConfigError
 from dart.events import ActionChosen, BatchAssembled, ObservationEmitted, Sampling, WeightsPublished, decode
+from dart.data.experience import EXPERIENCE_MODE
 from dart.events.manifest import BatchManifest, PromptContext
 from dart.log import ArchiveError, list_segments, read_partition
 from dart.rollout.config import RolloutWorkerConfig
@@ -155,8 +156,8 @@ def replay_decision(run_dir: Path, rollout_id: str, step: int, *, worker_config:
     ctx = PromptContext.from_observation(obs)
     messages, images = build_messages(ctx, blob_image_loader(store), cfg.prompt)
     sampling = act.sampling
-    imported = sampling.max_new_tokens < 1  # imported experience (an oracle's step): nothing was sampled
-    if imported:
+    imported = obs.mode == EXPERIENCE_MODE  # `dart log` experience or an oracle's step: nothing was sampled
+    if imported:  # its logged sampling is NO_SAMPLING (max_new_tokens 0): answer as long as the logged response
         sampling = dataclasses.replace(sampling, max_new_tokens=max(len(act.response_token_ids), 1))
     greedy = dataclasses.replace(sampling, temperature=0.0)
 

@@ -231,8 +231,8 @@ def test_every_documented_command_runs_as_written_after_the_run(run):
     rollout = run.sh('.venv/bin/dart sql --run runs/local "SELECT rollout_id FROM actions FINAL '
                      'WHERE step_index = 0 AND max_new_tokens > 0 LIMIT 1 FORMAT TSV"').stdout.strip()
     assert rollout
-    imported = run.sh('.venv/bin/dart sql --run runs/local "SELECT rollout_id FROM actions FINAL '
-                      'WHERE step_index = 0 AND max_new_tokens = 0 LIMIT 1 FORMAT TSV"').stdout.strip()
+    imported = run.sh('.venv/bin/dart sql --run runs/local "SELECT rollout_id FROM observations FINAL '
+                      'WHERE step_index = 0 AND mode = \'experience\' LIMIT 1 FORMAT TSV"').stdout.strip()
     if imported:  # an oracle success was injected (most runs): its replay passes and says why
         out = run.sh(f".venv/bin/dart replay decision runs/local {imported} 0")
         assert out.returncode == 0 and "not sampled: imported from" in out.stdout, out.stdout + out.stderr[-1500:]
