@@ -36,9 +36,9 @@ from dart.agent.weight_format import (
 )
 from dart.blobs import LocalBlobStore
 from dart.config import build, load_yaml
+from dart.data.experience import EXPERIENCE_MODE
 from dart.errors import ConfigError
 from dart.events import ActionChosen, BatchAssembled, ObservationEmitted, Sampling, WeightsPublished, decode
-from dart.data.experience import EXPERIENCE_MODE
 from dart.events.manifest import BatchManifest, PromptContext
 from dart.log import ArchiveError, list_segments, read_partition
 from dart.rollout.config import RolloutWorkerConfig
