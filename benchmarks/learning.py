@@ -159,41 +159,36 @@ def run_one(config: dict[str, Any], workdir: Path, *, stress: bool, log: Path) -
 def curve(workdir: Path, cfg: StackConfig, summary: dict[str, Any], *, points: int,
           episodes: int) -> list[tuple[float, int, float]]:
     """(minutes into the RL phase, version, held-out success) at ``points`` published versions
-    (the warm start and the final policy from the run's own evaluation)."""
-    from dart.agent.model import load_policy
-    from dart.agent.weight_format import check_state_dict, state_dict_from_bytes
+    (the warm start, and the policy the run handed over, from the run's own evaluation: the last
+    version, or the one its dev checks picked)."""
     from dart.blobs import LocalBlobStore
     from dart.data.cli import sql_client
     from dart.recipe.config import make_tasks
     from dart.recipe.episodes import evaluate
+    from dart.stack.select import policy_at, published_versions
 
     client = sql_client(None, f"chdb://{workdir / 'chdb'}", "dart")
     try:
         (t0,) = client.query("SELECT toUnixTimestamp64Milli(min(event_time)) FROM requests").result_rows[0]
-        rows = client.query("""SELECT version, toUnixTimestamp64Milli(any(event_time)),
-                               any(blob_digests[indexOf(blob_names, 'model.safetensors')])
-                               FROM weights FINAL GROUP BY version ORDER BY version""").result_rows
     finally:
         client.close()
     out = [(0.0, 0, float(summary["warm_success"]))]
+    rows = published_versions(workdir)
     if not rows:
         return out
     last = len(rows) - 1
+    handed_over = summary.get("selected_version", rows[last].version)
     picks = sorted({round(last * k / max(points - 1, 1)) for k in range(1, points)})
     _, held_out = make_tasks(cfg.recipe)
     store = LocalBlobStore(workdir / "blobs")
     for i in picks:
-        version, at_ms, digest = rows[i]
-        minutes = (int(at_ms) - int(t0)) / 60000
-        if i == last:
-            out.append((minutes, int(version), float(summary["rl_success"])))
+        p = rows[i]
+        minutes = (p.at_ms - int(t0)) / 60000
+        if p.version == handed_over:
+            out.append((minutes, p.version, float(summary["rl_success"])))
             continue
-        policy = load_policy(summary["warm_model"])
-        state = state_dict_from_bytes(store.get(digest))
-        check_state_dict(policy.model, state)
-        policy.model.load_state_dict(state)
-        out.append((minutes, int(version), evaluate(policy, held_out, episodes, store=store, recipe=cfg.recipe,
-                                                    phase=10 + int(version))))
+        out.append((minutes, p.version, evaluate(policy_at(Path(summary["warm_model"]), store, p), held_out, episodes,
+                                                 store=store, recipe=cfg.recipe, phase=10 + p.version)))
     return out
 
 
@@ -272,6 +267,7 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
         f"{name} seed {r['seed']}{' +hog' if r.get('stress') else ''}: "
         f"{pm(r['warm_success'], r.get('warm_se'), pct=True)} -> {pm(r['rl_success'], r.get('rl_se'), pct=True)} "
         f"({pm(r['delta'], r.get('delta_se'), signed=True)}), {r['updates']} updates in {r['rl_s'] / 60:.1f} min"
+        + (f", v{r['selected_version']} kept by the dev checks" if r.get("selected_version") is not None else "")
         + (f", {r['eval_tasks']} tasks" if r.get("eval_tasks") else ", 200 episodes, no standard error")
         for name, runs in results.items() for r in runs))
     return "\n".join(lines)
@@ -439,7 +435,7 @@ def main() -> int:
         (folder / f"learning_{tag}.json").write_text(json.dumps(
             {n: [{k: r.get(k) for k in ("seed", "warm_success", "warm_se", "rl_success", "rl_se", "delta", "delta_se",
                                          "eval_tasks", "coarse", "updates", "rl_s", "budget_note", "stress", "curve",
-                                         "total_s", "warm_eval_s", "rl_eval_s")} for r in runs]
+                                         "total_s", "warm_eval_s", "rl_eval_s", "selected_version", "dev_checks")} for r in runs]
              for n, runs in results.items()}, indent=2))
         plot(results, folder / f"learning_{tag}.png", f"held-out success vs wall clock ({tag})")
     return 0

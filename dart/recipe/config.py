@@ -46,6 +46,13 @@ class Recipe:
     """First generator seed of the training tasks."""
     eval_seed: int = 0
     """First generator seed of the held-out tasks."""
+    dev_tasks: int = 0
+    """Dev tasks: training-split tasks after the ``train_tasks`` (never trained on, never held out).
+    ``dart up`` checks the policy on them every ``check_every`` updates and at the end, and hands
+    over (and measures on the held-out tasks) the best check: a run that peaks before its budget
+    ends keeps its peak, chosen without looking at the held-out tasks (0: the last policy)."""
+    check_every: int = 15
+    """Updates between two dev checks (with ``dev_tasks``)."""
     max_steps: int = 3
     """Policy turns per episode (the oracle needs 1-2 on 'tiny')."""
     prompt: PromptConfig = field(default_factory=lambda: PromptConfig(template="compact", min_pixels=112 * 112))
@@ -141,7 +148,8 @@ class Recipe:
         return self.eval_episodes if self.eval_episodes is not None else self.eval_tasks
 
     def __post_init__(self) -> None:
-        for name in ("train_tasks", "eval_tasks", "max_steps", "sft_micro_batch", "tasks_per_update",
+        require(self.dev_tasks >= 0, "dev_tasks", f"must be >= 0, got {self.dev_tasks}")
+        for name in ("train_tasks", "eval_tasks", "check_every", "max_steps", "sft_micro_batch", "tasks_per_update",
                      "group_size", "micro_batch", "sft_check_every", "sft_check_episodes", "ppo_epochs", "ppo_minibatches", "max_new_tokens", "engine_batch", "threads"):
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         require(0 <= self.sft_demos <= self.train_tasks, "sft_demos",
@@ -180,3 +188,14 @@ def make_tasks(recipe: Recipe) -> tuple[list[dict[str, Any]], list[dict[str, Any
     train = generate_tasks(recipe.train_tasks, preset=recipe.preset, seed=recipe.train_seed, split="train")
     held_out = generate_tasks(recipe.eval_tasks, preset=recipe.preset, seed=recipe.eval_seed, split="eval")
     return train, held_out
+
+
+def make_dev_tasks(recipe: Recipe) -> list[dict[str, Any]]:
+    """The recipe's dev tasks: the ``dev_tasks`` training-split tasks that follow its training tasks
+    (the generator is deterministic, so the first ``train_tasks`` of the longer list are exactly
+    the training tasks and the rest are new to training; held-out tasks are another split)."""
+    if not recipe.dev_tasks:
+        return []
+    tasks = generate_tasks(recipe.train_tasks + recipe.dev_tasks, preset=recipe.preset, seed=recipe.train_seed,
+                           split="train")
+    return tasks[recipe.train_tasks:]

@@ -32,7 +32,7 @@ from dart.env.catalogue import task_events
 from dart.events import now_ms
 from dart.log import list_segments
 from dart.log.restore import import_archive
-from dart.recipe.config import make_tasks
+from dart.recipe.config import make_dev_tasks, make_tasks
 from dart.recipe.episodes import evaluate, success_by_instruction
 from dart.recipe.measure import outcomes_to_json, paired_gain, success
 from dart.recipe.preset import warm_start_kind
@@ -41,6 +41,7 @@ from dart.rundir import mark_stopped, tensorboard_dir, write_descriptor
 from dart.stack.config import StackConfig, downloads_root
 from dart.stack.osworld import OsworldPool, osworld_pool, wait_until_serving
 from dart.stack.progress import Display, Progress, Snapshot, render
+from dart.stack.select import Published, policy_at, published_versions, select_version
 from dart.stack.services import service_configs, service_specs, write_configs
 from dart.stack.supervisor import Supervisor
 from dart.train.checkpoint import latest_checkpoint, read_state
@@ -178,10 +179,15 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None, config_file: Path
     checkpoint = latest_checkpoint(workdir / "checkpoints")
     summary["final_checkpoint"] = str(checkpoint) if checkpoint else None
     if cfg.evaluate and not summary.get("interrupted") and "warm_success" in summary:
+        policy = load_checkpoint_policy(Path(summary["warm_model"]), checkpoint)
+        if recipe.dev_tasks:
+            picked = dev_selection(cfg, workdir, store, Path(summary["warm_model"]), summary)
+            if picked is not None:
+                policy = picked
         t0 = time.monotonic()
         rl_outcomes: Outcomes = []
-        summary["rl_success"] = held_out_success(Path(summary["warm_model"]), checkpoint, held_out, cfg, store,
-                                                 phase=2, outcomes=rl_outcomes)
+        summary["rl_success"] = evaluate(policy, held_out, recipe.held_out_episodes, store=store, recipe=recipe,
+                                         phase=2, outcomes=rl_outcomes)
         summary["delta"] = summary["rl_success"] - summary["warm_success"]
         rl, gain = success(rl_outcomes), paired_gain(warm_outcomes, rl_outcomes)
         summary.update(rl_se=rl.se, delta_se=gain.se, rl_eval_s=round(time.monotonic() - t0, 1))
@@ -242,6 +248,31 @@ def held_out_success(model_dir: Path, checkpoint: Path | None, held_out: list[di
     """Held-out success of ``model_dir`` (with a trainer checkpoint's weights, if any)."""
     return evaluate(load_checkpoint_policy(model_dir, checkpoint), held_out, cfg.recipe.held_out_episodes, store=store,
                     recipe=cfg.recipe, phase=phase, outcomes=outcomes)
+
+
+def dev_selection(cfg: StackConfig, workdir: Path, store: LocalBlobStore, warm_model: Path,
+                  summary: dict[str, Any]) -> Any | None:
+    """The best of the run's dev checks (:mod:`dart.stack.select`), its version and the checks into
+    ``summary``; None when no trained version was published."""
+    recipe = cfg.recipe
+    dev = make_dev_tasks(recipe)
+    t0 = time.monotonic()
+    published = published_versions(workdir)
+    policies: dict[int, Any] = {}
+
+    def dev_success(p: Published) -> float:
+        policies[p.version] = policy_at(warm_model, store, p)
+        rate = evaluate(policies[p.version], dev, len(dev), store=store, recipe=recipe, phase=100 + p.version)
+        say(f"dev check: v{p.version} solves {100 * rate:.1f} % of {len(dev)} dev tasks")
+        return rate
+
+    chosen = select_version(published, every=recipe.check_every, dev_success=dev_success)
+    if chosen is None:
+        return None
+    summary.update(selected_version=chosen.version, last_version=chosen.last, dev_tasks=len(dev),
+                   dev_checks=[list(c) for c in chosen.checks], dev_s=round(time.monotonic() - t0, 1))
+    say(f"{chosen.describe(len(dev))} ({summary['dev_s']:.0f} s; the held-out tasks play no part in the choice)")
+    return policies[chosen.version]
 
 
 def by_instruction(warm: Outcomes, rl: Outcomes) -> list[dict[str, Any]]:
@@ -458,7 +489,11 @@ def held_out_lines(s: dict[str, Any], *, indent: str = "held-out success ") -> s
     tasks = f" over {s['eval_tasks']} held-out tasks" if s.get("eval_tasks") else ""
     lines = [f"{indent}warm start {100 * s['warm_success']:.1f} %{se('warm_se')}{tasks}"]
     if "rl_success" in s:
-        lines.append(f"{pad}RL policy  {100 * s['rl_success']:.1f} %{se('rl_se')}")
+        picked = ""
+        if s.get("selected_version") is not None:
+            picked = (f" (v{s['selected_version']} of v{s['last_version']}: the best of {len(s['dev_checks'])} checks "
+                      f"on {s['dev_tasks']} dev tasks)")
+        lines.append(f"{pad}RL policy  {100 * s['rl_success']:.1f} %{se('rl_se')}{picked}")
         lines.append(f"{pad}gain       {100 * s['delta']:+.1f}{se('delta_se')} points"
                      + (" (standard errors over tasks; a gain's is paired over the same tasks)"
                         if s.get("delta_se") is not None else ""))

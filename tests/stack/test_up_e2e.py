@@ -32,7 +32,8 @@ def test_a_short_run_trains_swaps_weights_and_replays_equal(broker, tmp_path):
         "run_id": "e2e", "workdir": str(tmp_path / "run"), "bootstrap": broker.bootstrap,
         "rl_minutes": 5, "max_updates": 2, "evaluate": True, "experience_tasks": 6,
         "recipe": {"train_tasks": 6, "eval_tasks": 30, "eval_episodes": 30, "sft_demos": 4, "sft_steps": 2,
-                   "tasks_per_update": 1, "group_size": 2, "max_new_tokens": 16},
+                   "tasks_per_update": 1, "group_size": 2, "max_new_tokens": 16,
+                   "dev_tasks": 12, "check_every": 1},
         "env": {"slots": 4},
     })
     summary = up(cfg)
@@ -40,6 +41,12 @@ def test_a_short_run_trains_swaps_weights_and_replays_equal(broker, tmp_path):
     assert summary["trajectories"] > 0
     # Held-out success, overall and per instruction that >= 5 of the 30 held-out tasks share.
     assert summary["delta"] == pytest.approx(summary["rl_success"] - summary["warm_success"])
+    # Every version was checked on the 12 dev tasks; the one handed over is the best check (a tie:
+    # the later), and the held-out figure is that version's.
+    checks = summary["dev_checks"]
+    assert summary["dev_tasks"] == 12 and [v for v, _ in checks] == list(range(1, summary["last_version"] + 1))
+    assert all(0.0 <= rate <= 1.0 and round(rate * 12) == pytest.approx(rate * 12) for _, rate in checks)
+    assert summary["selected_version"] == max(checks, key=lambda c: (c[1], c[0]))[0]
     # ... each with its standard error over the 30 tasks, the gain's paired, the outcomes kept
     assert summary["eval_tasks"] == 30 and all(summary[k] >= 0 for k in ("warm_se", "rl_se", "delta_se"))
     assert (tmp_path / "run" / "held_out.json").exists()

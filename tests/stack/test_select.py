@@ -1,0 +1,67 @@
+"""Which policy a run hands over (dart.stack.select): pure rules with hand-picked values, and the
+dev tasks are new to training and not held out."""
+
+from __future__ import annotations
+
+import pytest
+
+from dart.recipe.config import Recipe, make_dev_tasks, make_tasks
+from dart.stack.select import Published, pick_best, select_version, versions_to_check
+
+
+def test_checks_fall_every_n_updates_and_on_the_last_version():
+    assert versions_to_check(range(0, 46), 15) == [15, 30, 45]
+    assert versions_to_check(range(0, 61), 15) == [15, 30, 45, 60]
+    # a budget that is not a multiple: the last version is checked as well
+    assert versions_to_check(range(0, 38), 15) == [15, 30, 37]
+    # fewer updates than one interval: only the last; nothing trained: nothing to check
+    assert versions_to_check([0, 1, 2], 15) == [2]
+    assert versions_to_check([0], 15) == []
+    with pytest.raises(ValueError):
+        versions_to_check([1], 0)
+
+
+def test_the_best_dev_success_wins_and_a_tie_goes_to_the_later_version():
+    assert pick_best([(15, 0.557), (30, 0.607), (45, 0.588), (60, 0.583)]) == 30
+    assert pick_best([(15, 0.50), (30, 0.55), (45, 0.55)]) == 45
+    with pytest.raises(ValueError):
+        pick_best([])
+
+
+def test_select_version_checks_only_the_named_versions():
+    published = [Published(v, 1000 * v, f"sha-{v}") for v in range(0, 61)]
+    dev = {15: 0.477, 30: 0.467, 45: 0.485, 60: 0.613}
+    seen: list[int] = []
+
+    def dev_success(p: Published) -> float:
+        seen.append(p.version)
+        return dev[p.version]
+
+    chosen = select_version(published, every=15, dev_success=dev_success)
+    assert chosen is not None
+    assert seen == [15, 30, 45, 60]
+    assert (chosen.version, chosen.last) == (60, 60)
+    assert chosen.describe(600) == ("dev check on 600 tasks: v15 47.7 %, v30 46.7 %, v45 48.5 %, v60 61.3 %; "
+                                    "v60 kept")
+    assert select_version([Published(0, 0, "sha-0")], every=15, dev_success=dev_success) is None
+
+
+def test_dev_tasks_are_training_split_tasks_never_trained_on_and_not_held_out():
+    recipe = Recipe(train_tasks=50, sft_demos=50, tasks_per_update=8, eval_tasks=40, dev_tasks=30)
+    train, held_out = make_tasks(recipe)
+    dev = make_dev_tasks(recipe)
+    ids = [t["id"] for t in dev]
+    assert len(ids) == len(set(ids)) == 30
+    assert not set(ids) & {t["id"] for t in train}
+    assert not set(ids) & {t["id"] for t in held_out}
+    assert {t["config"][0]["parameters"]["split"] for t in dev} == {"train"}
+    assert make_dev_tasks(Recipe(train_tasks=50, sft_demos=50, tasks_per_update=8, eval_tasks=40)) == []
+
+
+def test_a_negative_dev_task_count_is_refused_with_the_field_named():
+    from dart.config import ConfigError
+
+    with pytest.raises(ConfigError, match="dev_tasks"):
+        Recipe(dev_tasks=-1)
+    with pytest.raises(ConfigError, match="check_every"):
+        Recipe(check_every=0)
