@@ -19,6 +19,7 @@ from typing import Any
 from dart.agent.model import load_policy
 from dart.agent.weight_format import check_state_dict, state_dict_from_bytes
 from dart.blobs import BlobStore
+from dart.data.cli import sql_client
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +33,6 @@ class Published:
 
 def published_versions(workdir: Path) -> list[Published]:
     """The run's published policy versions, oldest first (from its store's ``weights`` table)."""
-    from dart.data.cli import sql_client
-
     client = sql_client(None, f"chdb://{workdir / 'chdb'}", "dart")
     try:
         rows = client.query("""SELECT version, toUnixTimestamp64Milli(any(event_time)),
