@@ -258,11 +258,10 @@ def dev_selection(cfg: StackConfig, workdir: Path, store: LocalBlobStore, warm_m
     dev = make_dev_tasks(recipe)
     t0 = time.monotonic()
     published = published_versions(workdir)
-    policies: dict[int, Any] = {}
 
     def dev_success(p: Published) -> float:
-        policies[p.version] = policy_at(warm_model, store, p)
-        rate = evaluate(policies[p.version], dev, len(dev), store=store, recipe=recipe, phase=100 + p.version)
+        rate = evaluate(policy_at(warm_model, store, p), dev, len(dev), store=store, recipe=recipe,
+                        phase=100 + p.version)
         say(f"dev check: v{p.version} solves {100 * rate:.1f} % of {len(dev)} dev tasks")
         return rate
 
@@ -272,7 +271,8 @@ def dev_selection(cfg: StackConfig, workdir: Path, store: LocalBlobStore, warm_m
     summary.update(selected_version=chosen.version, last_version=chosen.last, dev_tasks=len(dev),
                    dev_checks=[list(c) for c in chosen.checks], dev_s=round(time.monotonic() - t0, 1))
     say(f"{chosen.describe(len(dev))} ({summary['dev_s']:.0f} s; the held-out tasks play no part in the choice)")
-    return policies[chosen.version]
+    # one policy in memory at a time: the kept version is loaded again from its blob
+    return policy_at(warm_model, store, next(p for p in published if p.version == chosen.version))
 
 
 def by_instruction(warm: Outcomes, rl: Outcomes) -> list[dict[str, Any]]:
