@@ -65,6 +65,9 @@ def shared_device(identities: dict[int, str]) -> str | None:
     return "; ".join(f"ranks {r} share {d}" for d, r in shared.items())
 
 
+CLOSED_KEY = "closed"
+"""Set in the store by a trainer that is stopping: its workers wait for the next trainer's store."""
+
 BLOBS_ONLY = "blobs"
 """The prefix of a ``<gen>/ready`` value that tells the workers: no group, use the blob store."""
 

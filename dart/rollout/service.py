@@ -243,7 +243,7 @@ class RolloutWorker:
                 await asyncio.gather(*tasks, return_exceptions=True)
             await self.engine.close()
             if self.follower.direct is not None:
-                self.follower.direct.close()
+                await asyncio.to_thread(self.follower.direct.close)
             if self._own_producer:
                 await asyncio.to_thread(self.producer.close)
 

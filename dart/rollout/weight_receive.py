@@ -18,6 +18,8 @@ from typing import Any
 
 from dart.agent.weight_broadcast import (
     BLOBS_ONLY,
+    CLOSED_KEY,
+    TICK_S,
     TransferConfig,
     abort_group,
     device_identity,
@@ -53,6 +55,9 @@ class DirectReceiver:
                 socket.create_connection(self.cfg.host_port, timeout=1.0).close()
                 store = open_store(self.cfg, master=False, connect_s=1.0)
                 gen = int(store.get("gen"))
+                if store.check([CLOSED_KEY]):  # the trainer is stopping: wait for the next one
+                    time.sleep(0.5)
+                    continue
                 store.set(f"{gen}/worker/{self.cfg.rank}", device_identity(self.cfg.device))
                 store.wait([f"{gen}/ready"])
                 ready = store.get(f"{gen}/ready").decode()
@@ -122,9 +127,16 @@ class DirectReceiver:
         return await asyncio.to_thread(self._take, version)
 
     def close(self) -> None:
+        """Leave the group. Gloo cannot interrupt a pending receive, so the thread ends at the
+        trainer's next tick or stop (or when the trainer is gone) and frees the group itself;
+        waiting for that here keeps the group from being torn down by the interpreter's exit,
+        which can abort the process."""
         self._closed = True
         with self._cond:
             self._cond.notify_all()
+        self._thread.join(timeout=TICK_S + 1.0)
+        if self._thread.is_alive():
+            log.warning("worker %s: the weights receiver did not stop within %.0f s", self.worker_id, TICK_S + 1.0)
 
 
 def open_receiver(cfg: TransferConfig, worker_id: str) -> DirectReceiver | None:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from dart.agent.weight_broadcast import (
     BLOBS_ONLY,
+    CLOSED_KEY,
     TICK_S,
     TransferConfig,
     abort_group,
@@ -64,7 +65,7 @@ class DirectSender:
 
     def __init__(self, cfg: TransferConfig) -> None:
         self.cfg = cfg
-        self.store = open_store(cfg, master=True)
+        self.store: Any = open_store(cfg, master=True)
         self.gen = 0
         self.group: Any = None
         self.newest = -1
@@ -124,6 +125,8 @@ class DirectSender:
                 job = None if self._closed else ()
             try:
                 if job is None:
+                    # a worker the stop sends back to the store must not rejoin this generation
+                    self.store.set(CLOSED_KEY, "1")
                     send_header(self.group, {"stop": True}, self.cfg.device)
                     return
                 if not job:
@@ -168,7 +171,16 @@ class DirectSender:
         self._closed = True
         if self.group is not None:
             self._jobs.put(None)
-        self._thread.join(timeout=TICK_S + self.cfg.timeout_s)
+        # a tick to workers that left may wait out the group's timeout before the stop is sent
+        self._thread.join(timeout=TICK_S + 2 * self.cfg.timeout_s)
+        if self._thread.is_alive():
+            log.warning("weights group: the sender is stuck in a broadcast; aborting the group")
+            abort_group(self.group)
+            self._thread.join(timeout=TICK_S)
+        # The group and the store are freed here, in this thread: left to the interpreter's exit,
+        # gloo's destructor can abort the process ("terminate called without an active exception").
+        self.group = None
+        self.store = None
 
 
 def make_transfer(cfg: TransferConfig) -> WeightTransfer:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -22,7 +25,7 @@ from dart.rollout.hf_engine import HFEngine
 from dart.rollout.service import RolloutWorker, RolloutWorkerConfig
 from dart.train.checkpoint import latest_checkpoint, read_state
 from dart.train.engine import free_port
-from tests.train.test_resume import publish_batches, start, stop, write_config
+from tests.train.test_resume import REPO, publish_batches, start, stop, write_config
 
 
 async def until(check, what: str, timeout_s: float = 120.0, proc=None, log=None) -> None:
@@ -154,3 +157,36 @@ def test_wire_moves_every_dtype_bit_exactly_through_small_buckets() -> None:
         for name, tensor in state.items():
             assert received[name].dtype == tensor.dtype and received[name].shape == tensor.shape
             assert torch.equal(received[name], tensor), name
+
+
+_SHUTDOWN = """
+import sys, time
+from dart.agent.config import TransferConfig
+from dart.rollout.weight_receive import open_receiver
+from dart.train.weight_send import DirectSender
+t = dict(kind="direct", address=sys.argv[1], workers=2, timeout_s=20.0)
+sender = DirectSender(TransferConfig(**t, rank=0))
+receivers = [open_receiver(TransferConfig(**t, rank=r), f"w{r}") for r in (1, 2)]
+deadline = time.monotonic() + 60
+while not (sender.ready and all(r.in_group for r in receivers)):
+    assert time.monotonic() < deadline, "no group"
+    time.sleep(0.02)
+closing = [sender, *receivers] if sys.argv[2] == "trainer-first" else [*receivers, sender]
+for c in closing:
+    c.close()
+print("closed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("order", ["trainer-first", "trainer-first", "workers-first"])
+def test_a_weights_group_closed_in_either_order_lets_the_process_exit_cleanly(order: str, tmp_path) -> None:
+    """A gloo group left for the interpreter's exit to destroy aborted the trainer in CI
+    ("terminate called without an active exception", exit -6); before the fix this script did so
+    9 times in 10 trainer-first. Each close now waits for its thread and frees the group itself,
+    and the trainer's stop tells its workers not to rejoin the dying generation."""
+    done = subprocess.run([sys.executable, "-c", _SHUTDOWN, f"127.0.0.1:{free_port()}", order], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "closed" in done.stdout
+    assert "terminate called" not in done.stderr
+    assert "did not stop" not in done.stderr and "stuck" not in done.stderr
