@@ -29,6 +29,7 @@ from dart.data.cli import sql_client
 from dart.data.experience import samples_as_experience
 from dart.data.report import build_report, write_plots
 from dart.env.catalogue import task_events
+from dart.errors import BlobError
 from dart.events import now_ms
 from dart.log import list_segments
 from dart.log.restore import import_archive
@@ -179,11 +180,7 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None, config_file: Path
     checkpoint = latest_checkpoint(workdir / "checkpoints")
     summary["final_checkpoint"] = str(checkpoint) if checkpoint else None
     if cfg.evaluate and not summary.get("interrupted") and "warm_success" in summary:
-        policy = load_checkpoint_policy(Path(summary["warm_model"]), checkpoint)
-        if recipe.dev_tasks:
-            picked = dev_selection(cfg, workdir, store, Path(summary["warm_model"]), summary)
-            if picked is not None:
-                policy = picked
+        policy = rl_policy(cfg, workdir, store, Path(summary["warm_model"]), checkpoint, summary)
         t0 = time.monotonic()
         rl_outcomes: Outcomes = []
         summary["rl_success"] = evaluate(policy, held_out, recipe.held_out_episodes, store=store, recipe=recipe,
@@ -250,14 +247,31 @@ def held_out_success(model_dir: Path, checkpoint: Path | None, held_out: list[di
                     recipe=cfg.recipe, phase=phase, outcomes=outcomes)
 
 
-def dev_selection(cfg: StackConfig, workdir: Path, store: LocalBlobStore, warm_model: Path,
+def rl_policy(cfg: StackConfig, workdir: Path, store: LocalBlobStore, warm_model: Path, checkpoint: Path | None,
+              summary: dict[str, Any], published: list[Published] | None = None) -> Any:
+    """The policy the run hands over: the dev check's pick when the recipe asks for one, else (or
+    when the check cannot run: a version's weights missing from the blob store) the last checkpoint.
+    ``published``: the run's versions (default: read from its store)."""
+    if cfg.recipe.dev_tasks:
+        try:
+            picked = dev_selection(cfg, published_versions(workdir) if published is None else published, store,
+                                   warm_model, summary)
+        except BlobError as exc:
+            summary["dev_check_error"] = str(exc)
+            say(f"dev check stopped ({exc}): the last checkpoint is handed over")
+        else:
+            if picked is not None:
+                return picked
+    return load_checkpoint_policy(warm_model, checkpoint)
+
+
+def dev_selection(cfg: StackConfig, published: list[Published], store: LocalBlobStore, warm_model: Path,
                   summary: dict[str, Any]) -> Any | None:
     """The best of the run's dev checks (:mod:`dart.stack.select`), its version and the checks into
     ``summary``; None when no trained version was published."""
     recipe = cfg.recipe
     dev = make_dev_tasks(recipe)
     t0 = time.monotonic()
-    published = published_versions(workdir)
 
     def dev_success(p: Published) -> float:
         rate = evaluate(policy_at(warm_model, store, p), dev, len(dev), store=store, recipe=recipe,

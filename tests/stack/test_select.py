@@ -3,10 +3,18 @@ dev tasks are new to training and not held out."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from dart.agent.model import load_policy
+from dart.config import build
 from dart.recipe.config import Recipe, make_dev_tasks, make_tasks
+from dart.stack.config import StackConfig
 from dart.stack.select import Published, pick_best, select_version, versions_to_check
+from dart.stack.up import rl_policy
 
 
 def test_checks_fall_every_n_updates_and_on_the_last_version():
@@ -65,3 +73,26 @@ def test_a_negative_dev_task_count_is_refused_with_the_field_named():
         Recipe(dev_tasks=-1)
     with pytest.raises(ConfigError, match="check_every"):
         Recipe(check_every=0)
+
+
+def test_a_version_missing_from_the_blob_store_hands_over_the_last_checkpoint(tiny_dir, blobs, tmp_path, capsys):
+    """The dev check reads every version from the blob store; a blob gone (deleted, another
+    store) stops the check with one line, and the run hands over its last checkpoint instead
+    of ending after RL without a held-out figure."""
+    cfg = build(StackConfig, {"run_id": "sel", "workdir": str(tmp_path / "run"),
+                              "recipe": {"train_tasks": 6, "eval_tasks": 2, "sft_demos": 4, "tasks_per_update": 1, "dev_tasks": 3,
+                                         "check_every": 1}})
+    checkpoint = tmp_path / "ckpt-2"
+    checkpoint.mkdir()
+    own = load_policy(tiny_dir).model.state_dict()
+    trained = {k: v + 0.5 if v.is_floating_point() else v.clone() for k, v in own.items()}
+    save_file(trained, checkpoint / "model.safetensors")
+    summary: dict = {}
+    missing = "ab" * 32
+    policy = rl_policy(cfg, tmp_path / "run", blobs, Path(tiny_dir), checkpoint, summary,
+                       published=[Published(1, 0, missing), Published(2, 0, missing)])
+    served = policy.model.state_dict()
+    assert all(torch.equal(served[k], trained[k]) for k in trained)
+    assert missing in summary["dev_check_error"] and "selected_version" not in summary
+    out = capsys.readouterr().out
+    assert f"dev check stopped (no blob {missing}" in out and "the last checkpoint is handed over" in out
