@@ -31,8 +31,13 @@ def register(sub: Any) -> None:
     p = sub.add_parser("eval", help="held-out success of a policy (a model dir, a checkpoint or the run's latest)")
     add_config_args(p, default=DEFAULT_CONFIG, what=" of the stack (tasks and prompt)")
     p.add_argument("--model", type=Path, help="policy directory (default: WORKDIR/warm)")
-    p.add_argument("--checkpoint", type=Path, help="trainer checkpoint dir (step-N) whose weights to load")
-    p.add_argument("--latest", action="store_true", help="the run's latest trainer checkpoint")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--checkpoint", type=Path, help="trainer checkpoint dir (step-N) whose weights to load")
+    which.add_argument("--latest", action="store_true", help="the run's latest trainer checkpoint")
+    which.add_argument("--version", type=int, metavar="N", help="published policy version N (its weights from the "
+                                                                "run's blob store, as the weights topic names them)")
+    which.add_argument("--selected", action="store_true", help="the version the run handed over (its dev check's "
+                                                               "pick; without one, the latest checkpoint)")
     p.add_argument("--episodes", type=int, help="evaluation episodes (default: the recipe's)")
     p.add_argument("--json", action="store_true", help="the result as one JSON object (success, episodes, "
                                                        "model, checkpoint, by_instruction)")
@@ -105,6 +110,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # Deferred: loads torch, and every `dart` command imports this module.
     from dart.recipe.config import make_tasks
     from dart.recipe.episodes import evaluate, success_by_instruction
+    from dart.stack.select import policy_at
     from dart.stack.up import load_checkpoint_policy
     from dart.train.checkpoint import latest_checkpoint
 
@@ -125,22 +131,55 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise RunMissing(f"no policy in {model}: a run's warm start writes WORKDIR/warm (`make run`; name the run "
                          f"with --run RUN_DIR), or give --model DIR")
     _, held_out = make_tasks(recipe)
-    policy = load_checkpoint_policy(model, checkpoint)
+    store = LocalBlobStore(workdir / "blobs")
+    version = args.version if args.version is not None else selected_version(workdir) if args.selected else None
+    if version is None and args.selected:
+        checkpoint = latest_checkpoint(workdir / "checkpoints")
+    if version is not None:
+        policy = policy_at(model, store, published_version(workdir, version))
+        checkpoint = None
+    else:
+        policy = load_checkpoint_policy(model, checkpoint)
     outcomes: list[tuple[dict[str, Any], bool]] = []
-    rate = evaluate(policy, held_out, recipe.held_out_episodes, store=LocalBlobStore(workdir / "blobs"), recipe=recipe,
-                    phase=3, outcomes=outcomes)
+    rate = evaluate(policy, held_out, recipe.held_out_episodes, store=store, recipe=recipe, phase=3,
+                    outcomes=outcomes)
     measured = success(outcomes)
     if args.json:
         print(json.dumps({"success": rate, "se": measured.se, "tasks": measured.tasks,
                           "episodes": recipe.held_out_episodes, "model": str(model),
-                          "checkpoint": str(checkpoint) if checkpoint else None,
+                          "checkpoint": str(checkpoint) if checkpoint else None, "version": version,
                           "by_instruction": [{"instruction": ins, "tasks": n, "success": r}
                                              for ins, (n, r) in success_by_instruction(outcomes).items()]}))
         return 0
-    what = f"{model}" + (f" + {checkpoint.name}" if checkpoint else "")
+    what = f"{model}" + (f" + {checkpoint.name}" if checkpoint else "") + (f" + v{version}" if version is not None
+                                                                            else "")
     print(f"held-out success of {what}: {measured.points()} (standard error over tasks) over {measured.tasks} "
           f"tasks, {recipe.held_out_episodes} episodes")
     return 0
+
+
+def selected_version(workdir: Path) -> int | None:
+    """The version a finished run handed over after its dev check (summary.json), else None."""
+    path = workdir / "summary.json"
+    if not path.is_file():
+        raise RunMissing(f"no {path}: --selected reads a finished run's summary (`dart up` writes it at the end)")
+    picked = json.loads(path.read_text()).get("selected_version")
+    return None if picked is None else int(picked)
+
+
+def published_version(workdir: Path, version: int) -> Any:
+    """The run's published ``version`` (read from its store's weights table); RunMissing names what there is."""
+    # Deferred: chdb and the model code load only for --version/--selected.
+    from dart.stack.select import published_versions
+
+    if not (workdir / "chdb").is_dir():
+        raise RunMissing(f"no store {workdir / 'chdb'}: --version reads the run's published versions from it")
+    published = published_versions(workdir)
+    found = next((p for p in published if p.version == version), None)
+    if found is None:
+        have = f"v{published[0].version}..v{published[-1].version}" if published else "none"
+        raise RunMissing(f"version {version} was not published in {workdir} (published: {have})")
+    return found
 
 
 REPLAY_COMMANDS = ("store", "decision", "update")

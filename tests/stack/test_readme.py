@@ -65,8 +65,8 @@ DURING = {
 # Run after it, in a short form: a tiny run has no version 12 and 200 episodes take long;
 # ROLLOUT_ID and BOOTSTRAP are filled in from the run and from a fresh `dart broker`.
 SHORT = {
-    ".venv/bin/dart eval --run runs/local --latest --episodes 200":
-        ".venv/bin/dart eval --run runs/local --latest --episodes 4",
+    ".venv/bin/dart eval --run runs/local --selected --episodes 200":
+        ".venv/bin/dart eval --run runs/local --selected --episodes 4",
     ".venv/bin/dart replay runs/local --until-version 12": ".venv/bin/dart replay runs/local --until-version 1",
     ".venv/bin/dart replay decision runs/local ROLLOUT_ID STEP":
         ".venv/bin/dart replay decision runs/local ROLLOUT_ID 0",

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from dart.config import build
 from dart.stack.config import StackConfig
@@ -27,16 +28,23 @@ def dart_sql(dsn: str, query: str) -> list[list]:
     return json.loads(out.stdout)["data"]
 
 
+def dart_eval(config, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "dart.cli", "eval", str(config), *args, "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_a_short_run_trains_swaps_weights_and_replays_equal(broker, tmp_path):
-    cfg = build(StackConfig, {
+    raw = {
         "run_id": "e2e", "workdir": str(tmp_path / "run"), "bootstrap": broker.bootstrap,
         "rl_minutes": 5, "max_updates": 2, "evaluate": True, "experience_tasks": 6,
         "recipe": {"train_tasks": 6, "eval_tasks": 30, "eval_episodes": 30, "sft_demos": 4, "sft_steps": 2,
                    "tasks_per_update": 1, "group_size": 2, "max_new_tokens": 16,
                    "dev_tasks": 12, "check_every": 1},
         "env": {"slots": 4},
-    })
-    summary = up(cfg)
+    }
+    summary = up(build(StackConfig, raw))
     assert summary["updates"] >= 2 and summary["policy_version"] >= 2
     assert summary["trajectories"] > 0
     # Held-out success, overall and per instruction that >= 5 of the 30 held-out tasks share.
@@ -47,6 +55,16 @@ def test_a_short_run_trains_swaps_weights_and_replays_equal(broker, tmp_path):
     assert summary["dev_tasks"] == 12 and [v for v, _ in checks] == list(range(1, summary["last_version"] + 1))
     assert all(0.0 <= rate <= 1.0 and round(rate * 12) == pytest.approx(rate * 12) for _, rate in checks)
     assert summary["selected_version"] == max(checks, key=lambda c: (c[1], c[0]))[0]
+    # `dart eval --selected` measures the handed-over version again: the same figure (greedy, same
+    # tasks), and --version N any other published one.
+    stack_yaml = tmp_path / "stack.yaml"
+    stack_yaml.write_text(yaml.safe_dump(raw))
+    again = dart_eval(stack_yaml, "--selected")
+    assert (again["version"], again["success"]) == (summary["selected_version"], summary["rl_success"])
+    assert dart_eval(stack_yaml, "--version", "1")["version"] == 1
+    missing = subprocess.run([sys.executable, "-m", "dart.cli", "eval", str(stack_yaml), "--version", "99"],
+                             capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 1 and f"version 99 was not published in {tmp_path / 'run'}" in missing.stderr
     # ... each with its standard error over the 30 tasks, the gain's paired, the outcomes kept
     assert summary["eval_tasks"] == 30 and all(summary[k] >= 0 for k in ("warm_se", "rl_se", "delta_se"))
     assert (tmp_path / "run" / "held_out.json").exists()
