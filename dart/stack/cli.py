@@ -28,7 +28,7 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, help="override recipe.seed (weights, task sampling, SFT, sampling)")
     p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("eval", help="held-out success of a policy (a model dir, a checkpoint or the run's latest)")
+    p = sub.add_parser("eval", help="held-out success of a policy (a model dir, a checkpoint, the run's latest or a published version)")
     add_config_args(p, default=DEFAULT_CONFIG, what=" of the stack (tasks and prompt)")
     p.add_argument("--model", type=Path, help="policy directory (default: WORKDIR/warm)")
     which = p.add_mutually_exclusive_group()
@@ -40,7 +40,7 @@ def register(sub: Any) -> None:
                                                                "pick; without one, the latest checkpoint)")
     p.add_argument("--episodes", type=int, help="evaluation episodes (default: the recipe's)")
     p.add_argument("--json", action="store_true", help="the result as one JSON object (success, episodes, "
-                                                       "model, checkpoint, by_instruction)")
+                                                       "model, checkpoint, version, by_instruction)")
     p.add_argument("--run", metavar="RUN_DIR", type=Path,
                    help="the run's directory: its stack config and workdir, as `dart up` wrote them in RUN_DIR/run.json")
     p.set_defaults(func=cmd_eval)
@@ -151,8 +151,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           "by_instruction": [{"instruction": ins, "tasks": n, "success": r}
                                              for ins, (n, r) in success_by_instruction(outcomes).items()]}))
         return 0
-    what = f"{model}" + (f" + {checkpoint.name}" if checkpoint else "") + (f" + v{version}" if version is not None
-                                                                            else "")
+    weights = f" + {checkpoint.name}" if checkpoint else f" + v{version}" if version is not None else ""
+    what = f"{model}{weights}"
     print(f"held-out success of {what}: {measured.points()} (standard error over tasks) over {measured.tasks} "
           f"tasks, {recipe.held_out_episodes} episodes")
     return 0
