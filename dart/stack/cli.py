@@ -28,7 +28,8 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, help="override recipe.seed (weights, task sampling, SFT, sampling)")
     p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("eval", help="held-out success of a policy (a model dir, a checkpoint, the run's latest or a published version)")
+    p = sub.add_parser("eval", help="held-out success of a policy (a model dir, a checkpoint, the run's latest "
+                                    "or a published version)")
     add_config_args(p, default=DEFAULT_CONFIG, what=" of the stack (tasks and prompt)")
     p.add_argument("--model", type=Path, help="policy directory (default: WORKDIR/warm)")
     which = p.add_mutually_exclusive_group()
