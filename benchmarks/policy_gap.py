@@ -29,13 +29,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dart.agent.model import load_policy  # noqa: E402
-from dart.agent.weight_format import check_state_dict, state_dict_from_bytes  # noqa: E402
 from dart.blobs import LocalBlobStore  # noqa: E402
 from dart.config import build  # noqa: E402
 from dart.recipe.config import make_tasks  # noqa: E402
 from dart.recipe.episodes import evaluate, success_by_instruction  # noqa: E402
 from dart.stack.config import StackConfig  # noqa: E402
+from dart.stack.up import load_checkpoint_policy  # noqa: E402
 
 
 def main() -> int:
@@ -53,11 +52,7 @@ def main() -> int:
     rows = []
     split_rows: list[dict[str, tuple[int, float]]] = []
     for label, checkpoint in (("warm start", None), ("final", summary.get("final_checkpoint"))):
-        policy = load_policy(summary["warm_model"])
-        if checkpoint:
-            state = state_dict_from_bytes((Path(checkpoint) / "model.safetensors").read_bytes())
-            check_state_dict(policy.model, state)
-            policy.model.load_state_dict(state)
+        policy = load_checkpoint_policy(Path(summary["warm_model"]), Path(checkpoint) if checkpoint else None)
         cells = []
         for tasks in (train, held_out):
             for temperature in (0.0, 1.0):

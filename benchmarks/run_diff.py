@@ -69,21 +69,17 @@ def policy_at(run: Path, version: int) -> Any:
     """The run's policy at weight ``version`` (0: its warm start), from its blob store."""
     import json
 
-    from dart.agent.weight_format import check_state_dict, state_dict_from_bytes
+    from dart.agent.model import load_policy
     from dart.blobs import LocalBlobStore
-    from dart.stack.up import load_checkpoint_policy
+    from dart.stack import select
 
-    summary = json.loads((run / "summary.json").read_text())
-    policy = load_checkpoint_policy(Path(summary["warm_model"]), None)
-    if version > 0:
-        rows = query(run, f"""SELECT any(blob_digests[indexOf(blob_names, 'model.safetensors')]) FROM weights FINAL
-                              WHERE version = {int(version)}""")
-        if not rows or not rows[0][0]:
-            raise SystemExit(f"{run}: no weights of version {version}")
-        state = state_dict_from_bytes(LocalBlobStore(run / "blobs").get(rows[0][0]))
-        check_state_dict(policy.model, state)
-        policy.model.load_state_dict(state)
-    return policy
+    warm = Path(json.loads((run / "summary.json").read_text())["warm_model"])
+    if version == 0:
+        return load_policy(warm)
+    found = next((p for p in select.published_versions(run) if p.version == version), None)
+    if found is None:
+        raise SystemExit(f"{run}: no weights of version {version}")
+    return select.policy_at(warm, LocalBlobStore(run / "blobs"), found)
 
 
 def held_out_at(runs: list[Path], version: int) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dart.agent.weight_format import write_weights
+from dart.agent.weight_format import check_state_dict, state_dict_from_bytes, write_weights
 from dart.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -116,6 +116,18 @@ def load_policy(path: str | Path, device: str = "cpu", *, dtype: str | None = No
         raise ConfigError(f"cannot load the policy at {root}: {exc}") from exc
     model = model.to(device).eval()
     return Policy(model=model, tokenizer=tokenizer, image_processor=image_processor, path=root)
+
+
+def load_policy_with(path: str | Path, weights: bytes | None) -> Policy:
+    """:func:`load_policy` on CPU with other weights of the same model: a trainer checkpoint's or a
+    published version's ``model.safetensors`` bytes (names, shapes and finiteness checked first;
+    BlobCorrupted when they do not fit). None: the directory's own weights."""
+    policy = load_policy(path)
+    if weights is not None:
+        state = state_dict_from_bytes(weights)
+        check_state_dict(policy.model, state)
+        policy.model.load_state_dict(state)
+    return policy
 
 
 def save_policy(policy: Policy, out: Path, *, state: Mapping[str, torch.Tensor] | None = None) -> Path:

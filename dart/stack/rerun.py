@@ -26,14 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dart.agent.model import load_policy, score_response
+from dart.agent.model import load_policy, load_policy_with, score_response
 from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt, prompt_hash
-from dart.agent.weight_format import (
-    check_state_dict,
-    check_version_digest,
-    state_dict_from_bytes,
-    weights_blob,
-)
+from dart.agent.weight_format import check_version_digest, weights_blob
 from dart.blobs import LocalBlobStore
 from dart.config import build, load_yaml
 from dart.data.experience import EXPERIENCE_MODE
@@ -128,17 +123,13 @@ def _weights_event(log_dir: Path, version: int) -> WeightsPublished | None:
 def load_version(log_dir: Path, store: LocalBlobStore, model_dir: Path, version: int) -> Any:
     """The policy of ``model_dir`` with the weights the run published as ``version`` (its
     ``WeightsPublished`` in the archive ``log_dir``, its bytes in ``store``)."""
-    policy = load_policy(model_dir)
     if version == 0:
-        return policy
+        return load_policy(model_dir)
     event = _weights_event(log_dir, version)
     if event is None:
         raise ArchiveError(f"{log_dir}: version {version} was never published in this run")
     check_version_digest(event)
-    state = state_dict_from_bytes(store.get(weights_blob(event).digest))
-    check_state_dict(policy.model, state)
-    policy.model.load_state_dict(state)
-    return policy
+    return load_policy_with(model_dir, store.get(weights_blob(event).digest))
 
 
 def replay_decision(run_dir: Path, rollout_id: str, step: int, *, worker_config: Path | None = None) -> DecisionReplay:

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dart.agent.model import load_policy
-from dart.agent.weight_format import check_state_dict, state_dict_from_bytes
+from dart.agent.model import load_policy_with
 from dart.blobs import BlobStore
 from dart.data.cli import sql_client
 
@@ -63,11 +62,7 @@ def pick_best(checks: Sequence[tuple[int, float]]) -> int:
 
 def policy_at(warm_model: Path, store: BlobStore, published: Published) -> Any:
     """The warm start's model with the weights of one published version."""
-    policy = load_policy(warm_model)
-    state = state_dict_from_bytes(store.get(published.digest))
-    check_state_dict(policy.model, state)
-    policy.model.load_state_dict(state)
-    return policy
+    return load_policy_with(warm_model, store.get(published.digest))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dart.agent.model import load_policy
+from dart.agent.model import load_policy_with
 from dart.agent.tiny import build_tiny
-from dart.agent.weight_format import check_state_dict, state_dict_from_bytes
+from dart.agent.weight_format import WEIGHTS_FILE
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
 from dart.data.cli import sql_client
@@ -97,12 +97,7 @@ def free_port() -> int:
 
 def load_checkpoint_policy(base_dir: Path, checkpoint: Path | None) -> Any:
     """The policy of ``base_dir`` with the weights of a trainer checkpoint (if any)."""
-    policy = load_policy(base_dir)
-    if checkpoint is not None:
-        state = state_dict_from_bytes((checkpoint / "model.safetensors").read_bytes())
-        check_state_dict(policy.model, state)
-        policy.model.load_state_dict(state)
-    return policy
+    return load_policy_with(base_dir, None if checkpoint is None else (checkpoint / WEIGHTS_FILE).read_bytes())
 
 
 Outcomes = list[tuple[dict[str, Any], bool]]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dart.agent.model import load_policy, score_response
+from dart.agent.model import load_policy, load_policy_with, score_response
 from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt
 from dart.agent.tiny import build_tiny
 from dart.agent.weight_format import check_state_dict, state_dict_from_bytes, state_dict_to_bytes
@@ -45,6 +45,21 @@ def test_weight_blob_round_trip_and_checks(policy):
     state.pop(next(iter(state)))
     with pytest.raises(BlobCorrupted, match="missing"):
         check_state_dict(policy.model, state)
+
+
+def test_load_policy_with_other_weights_serves_them_and_refuses_what_does_not_fit(tiny_dir):
+    other = load_policy(tiny_dir)  # the same model; its weights shifted below
+    shifted = {k: v + 0.25 if v.is_floating_point() else v for k, v in other.model.state_dict().items()}
+    other.model.load_state_dict(shifted)
+    blob = state_dict_to_bytes(other.model)
+    served = load_policy_with(tiny_dir, blob).model.state_dict()
+    assert all(torch.equal(served[k], shifted[k]) for k in shifted)
+    own = load_policy_with(tiny_dir, None).model.state_dict()
+    assert not torch.equal(own["lm_head.weight"], shifted["lm_head.weight"])
+    first = next(k for k, v in shifted.items() if v.is_floating_point())
+    other.model.state_dict()[first].fill_(float("nan"))
+    with pytest.raises(BlobCorrupted, match="non-finite"):
+        load_policy_with(tiny_dir, state_dict_to_bytes(other.model))
 
 
 def test_score_matches_generate_logits(policy, store):
