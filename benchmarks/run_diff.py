@@ -76,10 +76,7 @@ def policy_at(run: Path, version: int) -> Any:
     warm = Path(json.loads((run / "summary.json").read_text())["warm_model"])
     if version == 0:
         return load_policy(warm)
-    found = next((p for p in select.published_versions(run) if p.version == version), None)
-    if found is None:
-        raise SystemExit(f"{run}: no weights of version {version}")
-    return select.policy_at(warm, LocalBlobStore(run / "blobs"), found)
+    return select.policy_at(warm, LocalBlobStore(run / "blobs"), select.published_version(run, version))
 
 
 def held_out_at(runs: list[Path], version: int) -> None:

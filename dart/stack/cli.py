@@ -111,7 +111,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # Deferred: loads torch, and every `dart` command imports this module.
     from dart.recipe.config import make_tasks
     from dart.recipe.episodes import evaluate, success_by_instruction
-    from dart.stack.select import policy_at
+    from dart.stack.select import policy_at, published_version, selected_version
     from dart.stack.up import load_checkpoint_policy
     from dart.train.checkpoint import latest_checkpoint
 
@@ -157,30 +157,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"held-out success of {what}: {measured.points()} (standard error over tasks) over {measured.tasks} "
           f"tasks, {recipe.held_out_episodes} episodes")
     return 0
-
-
-def selected_version(workdir: Path) -> int | None:
-    """The version a finished run handed over after its dev check (summary.json), else None."""
-    path = workdir / "summary.json"
-    if not path.is_file():
-        raise RunMissing(f"no {path}: --selected reads a finished run's summary (`dart up` writes it at the end)")
-    picked = json.loads(path.read_text()).get("selected_version")
-    return None if picked is None else int(picked)
-
-
-def published_version(workdir: Path, version: int) -> Any:
-    """The run's published ``version`` (read from its store's weights table); RunMissing names what there is."""
-    # Deferred: chdb and the model code load only for --version/--selected.
-    from dart.stack.select import published_versions
-
-    if not (workdir / "chdb").is_dir():
-        raise RunMissing(f"no store {workdir / 'chdb'}: --version reads the run's published versions from it")
-    published = published_versions(workdir)
-    found = next((p for p in published if p.version == version), None)
-    if found is None:
-        have = f"v{published[0].version}..v{published[-1].version}" if published else "none"
-        raise RunMissing(f"version {version} was not published in {workdir} (published: {have})")
-    return found
 
 
 REPLAY_COMMANDS = ("store", "decision", "update")

@@ -11,6 +11,7 @@ topic names them), so no extra checkpoint has to be kept.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 from dart.agent.model import load_policy_with
 from dart.blobs import BlobStore
 from dart.data.cli import sql_client
+from dart.rundir import RunMissing
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,28 @@ def published_versions(workdir: Path) -> list[Published]:
     finally:
         client.close()
     return [Published(int(v), int(at), str(d)) for v, at, d in rows]
+
+
+def published_version(workdir: Path, version: int) -> Published:
+    """The run's published ``version``; RunMissing names the versions there are."""
+    if not (workdir / "chdb").is_dir():
+        raise RunMissing(f"no store {workdir / 'chdb'}: the run's published versions are read from it")
+    published = published_versions(workdir)
+    found = next((p for p in published if p.version == version), None)
+    if found is None:
+        have = f"v{published[0].version}..v{published[-1].version}" if published else "none"
+        raise RunMissing(f"version {version} was not published in {workdir} (published: {have})")
+    return found
+
+
+def selected_version(workdir: Path) -> int | None:
+    """The version a finished run handed over after its dev check (``summary.json``), else None."""
+    path = workdir / "summary.json"
+    if not path.is_file():
+        raise RunMissing(f"no {path}: a finished run's summary names the version it handed over "
+                         "(`dart up` writes it at the end)")
+    picked = json.loads(path.read_text()).get("selected_version")
+    return None if picked is None else int(picked)
 
 
 def versions_to_check(versions: Sequence[int], every: int) -> list[int]:

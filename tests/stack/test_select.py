@@ -12,8 +12,16 @@ from safetensors.torch import save_file
 from dart.agent.model import load_policy
 from dart.config import build
 from dart.recipe.config import Recipe, make_dev_tasks, make_tasks
+from dart.rundir import RunMissing
 from dart.stack.config import StackConfig
-from dart.stack.select import Published, pick_best, select_version, versions_to_check
+from dart.stack.select import (
+    Published,
+    pick_best,
+    published_version,
+    select_version,
+    selected_version,
+    versions_to_check,
+)
 from dart.stack.up import rl_policy
 
 
@@ -96,3 +104,15 @@ def test_a_version_missing_from_the_blob_store_hands_over_the_last_checkpoint(ti
     assert missing in summary["dev_check_error"] and "selected_version" not in summary
     out = capsys.readouterr().out
     assert f"dev check stopped (no blob {missing}" in out and "the last checkpoint is handed over" in out
+
+
+def test_the_handed_over_version_is_read_from_a_finished_runs_summary_and_a_missing_part_is_named(tmp_path):
+    with pytest.raises(RunMissing, match=r"summary\.json: a finished run's summary"):
+        selected_version(tmp_path)
+    (tmp_path / "summary.json").write_text('{"selected_version": 30, "last_version": 45}')
+    assert selected_version(tmp_path) == 30
+    (tmp_path / "summary.json").write_text('{"final_checkpoint": "x"}')  # no dev check: the last checkpoint
+    assert selected_version(tmp_path) is None
+    with pytest.raises(RunMissing, match=r"no store .*chdb"):
+        published_version(tmp_path, 3)
+    assert not (tmp_path / "chdb").exists()  # a read creates nothing
