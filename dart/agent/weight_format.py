@@ -17,7 +17,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dart.blobs import _CHUNK, blob_set_digest, write_hashed
+from dart.blobs import _CHUNK, blob_set_digest, chunks, write_hashed
 from dart.errors import BlobCorrupted
 
 if TYPE_CHECKING:
@@ -31,9 +31,13 @@ CONFIG_FILE = "config.json"
 PUBLISHED_FILES = (WEIGHTS_FILE, CONFIG_FILE)
 """The files of a version, in publication order."""
 SUMS_FILE = "SHA256SUMS"
-"""Beside a version's files: their sha256 as :func:`write_weights` hashed them while writing
-(``sha256sum -c SHA256SUMS`` checks them), so a committed checkpoint is published without being
-read again. Not published itself."""
+"""Beside a version's files: their blob addresses as :func:`write_weights` hashed them while
+writing, so a committed checkpoint is published without being read again. Not published itself.
+``config.json``'s is its sha256 (``sha256sum -c`` checks that line); ``model.safetensors`` is a
+chunked blob (:mod:`dart.blobs.chunks`): its address is the sha256 of its chunk list, the file
+``model.safetensors.chunks`` beside it."""
+CHUNKS_FILE = WEIGHTS_FILE + chunks.SUFFIX
+"""The chunk list of ``model.safetensors`` (its blob address is this file's sha256)."""
 
 _DTYPES: dict[str, tuple[str, int]] = {
     # torch dtype name: (safetensors name, element bytes). In the order safetensors sorts the
@@ -117,16 +121,19 @@ def safetensors_chunks(state: Mapping[str, torch.Tensor]) -> Iterator[memoryview
 
 
 def write_weights(state: Mapping[str, torch.Tensor], config_json: str, directory: Path) -> dict[str, str]:
-    """``model.safetensors`` (every tensor, written from its own memory, hashed as written, one
-    fsync) + ``config.json`` in ``directory``, and ``SHA256SUMS`` naming both; returns
-    ``{file: sha256}``.
+    """``model.safetensors`` (every tensor written from its own memory, chunk by chunk on every
+    core, each chunk hashed from the memory it is written from, one fsync) with its chunk list,
+    ``config.json``, and ``SHA256SUMS`` naming both in ``directory``; returns ``{file: blob address}``.
 
-    No copy of the state is made, and its digest costs no second read of the file
-    (:func:`dart.blobs.write_hashed`): publishing the version from a committed checkpoint then
-    links the file into the blob store without reading it (``dart.train.weight_publish.put_weights``)."""
+    No copy of the state is made, and its digest costs no second read of the file: publishing
+    the version from a committed checkpoint links the file into the blob store without reading
+    it (``dart.train.weight_publish.put_weights``)."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / WEIGHTS_FILE, "wb", buffering=0) as fh:
-        digests = {WEIGHTS_FILE: write_hashed(fh, safetensors_chunks(state))}
+        listing = chunks.write_chunked(fh.fileno(), safetensors_chunks(state))
+    (directory / CHUNKS_FILE).write_bytes(listing)
+    _fsync(directory / CHUNKS_FILE)
+    digests = {WEIGHTS_FILE: chunks.list_address(listing)}
     with open(directory / CONFIG_FILE, "wb", buffering=0) as fh:
         digests[CONFIG_FILE] = write_hashed(fh, [config_json.encode()])
     sums = directory / SUMS_FILE

@@ -3,9 +3,9 @@
 Every rollout worker reads the whole weights topic in a consumer group of its own, from the
 beginning, and applies only the newest version it has heard of (replaying versions 1..9 to
 reach 10 would waste minutes of fetches). A new version is fetched from the blob store
-(``get_buffer`` verifies the blob's sha256 as it reads it into one buffer), parsed into views
-of that buffer, checked against the model's tensor names and
-shapes, and swapped in between forward passes; requests already running finish on the old
+(``get_buffer`` reads it once into one buffer, pinned for a GPU engine, verifying each chunk's
+sha256 on every core as it lands), parsed into views of that buffer, checked against the
+model's tensor names and shapes, and swapped in between forward passes; requests already running finish on the old
 version and report the newer one they saw (``ActionChosen.newer_version_seen``).
 
 The outcome is announced as a ``WeightsLoaded`` event on the heartbeats topic and a log line:
@@ -20,6 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from dart.agent.weight_format import check_version_digest, state_dict_from_buffer, weights_blob
 from dart.blobs import BlobStore
@@ -30,6 +31,30 @@ from dart.rollout.weight_receive import DirectReceiver
 log = logging.getLogger(__name__)
 
 Send = Callable[[Event], Awaitable[object]]
+
+
+class HostBuffer:
+    """One host buffer that fetched versions are read into, grown when a version is larger.
+
+    Page-locked (``pin``) for an engine on a GPU: its load copies at the copy engine's speed (on
+    an H200 host 16.58 GB took 0.30 s from pinned memory, 2.1 s from pageable). Reused, since
+    pinning is slow to set up; safe because a swap copies the tensors into the engine's own
+    parameters before the next version is fetched (the follower applies one at a time)."""
+
+    def __init__(self, *, pin: bool) -> None:
+        self.pin = pin
+        self._buffer: Any = None
+
+    def alloc(self, size: int) -> Any:
+        """A writable buffer of ``size`` bytes (a numpy view of the pinned tensor, or a bytearray)."""
+        if not self.pin:
+            return bytearray(size)
+        import torch  # only a GPU engine's follower pins: torch is loaded there already
+
+        if self._buffer is None or self._buffer.numel() < size:
+            self._buffer = None
+            self._buffer = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        return self._buffer[:size].numpy()
 
 
 class WeightFollower:
@@ -52,6 +77,8 @@ class WeightFollower:
         self._wake = asyncio.Event()
         self.loaded: list[WeightsLoaded] = []
         """Every outcome so far, oldest first (for tests and heartbeats)."""
+        self.host = HostBuffer(pin=getattr(getattr(engine, "device", None), "type", None) == "cuda")
+        """Where fetched versions land: pinned for an engine on a GPU, reused (a swap copies out of it)."""
 
     @staticmethod
     def group_for(worker_id: str) -> str:
@@ -98,7 +125,8 @@ class WeightFollower:
             if state is None:
                 # read once into one buffer, verified as read; the tensors are views of it, and the
                 # engine copies them into its own parameters: no second full copy of the version
-                state = await asyncio.to_thread(lambda: state_dict_from_buffer(self.store.get_buffer(ref.digest)))
+                state = await asyncio.to_thread(
+                    lambda: state_dict_from_buffer(self.store.get_buffer(ref.digest, self.host.alloc)))
             self.sources[event.version] = source
             fetch_s = time.perf_counter() - t0
             t1 = time.perf_counter()

@@ -28,8 +28,8 @@ from typing import Any
 
 from dart.agent.model import load_policy, load_policy_with, score_response
 from dart.agent.prompt import blob_image_loader, build_messages, encode_prompt, prompt_hash
-from dart.agent.weight_format import check_version_digest, weights_blob
-from dart.blobs import LocalBlobStore
+from dart.agent.weight_format import WEIGHTS_FILE, check_version_digest, weights_blob
+from dart.blobs import LocalBlobStore, chunks
 from dart.config import build, load_yaml
 from dart.data.experience import EXPERIENCE_MODE
 from dart.errors import ConfigError
@@ -241,17 +241,8 @@ def replay_update(run_dir: Path, version: int, *, trainer_config: Path | None = 
         trainer = Trainer(dataclasses.replace(cfg, checkpoint_dir=work, keep_checkpoints=1000), blobs)
         trainer.update(trainer.prepare(manifest))
         after = trainer.checkpoint()
-        replayed = _sha256_file(after / "model.safetensors")
+        replayed = chunks.list_address(chunks.hash_file(after / WEIGHTS_FILE))   # the weights' blob address
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return UpdateReplay(version, event.train_step, event.batch_id, weights_blob(event).digest, replayed, before.name)
 
-
-def _sha256_file(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()

@@ -5,7 +5,8 @@ Layout under ``checkpoint_dir``::
     step-00000012/
         model.safetensors   full HF state_dict (also the published weights blob)
         config.json         HF model config
-        SHA256SUMS          the sha256 of both, hashed as written (published by link, unread)
+        model.safetensors.chunks  its chunk list: its blob address is this file's sha256
+        SHA256SUMS          the blob addresses of both, hashed as written (published by link, unread)
         optimizer.pt        torch engine: AdamW state   | deepspeed/  (DeepSpeed engine state)
         rng.pt              python, numpy, torch (and CUDA) RNG states (tensors and numbers only)
         state.json          TrainState: step, version, last consumed batch (seq, batch_id)

@@ -22,6 +22,7 @@ import torch
 from dart.errors import ConfigError
 from dart.train.batch import ModelBatch
 from dart.train.config import EngineConfig, OptimConfig
+from dart.train.staging import HostStaging
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,9 @@ class Engine(Protocol):
         """Clip, apply and clear the accumulated gradient; returns the global grad norm before clipping."""
         ...
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The complete HF ``state_dict()`` on CPU (gathered across ranks under ZeRO-3)."""
+    def full_state_dict(self, staging: HostStaging | None = None) -> dict[str, torch.Tensor]:
+        """The complete HF ``state_dict()`` on CPU (gathered across ranks under ZeRO-3): views of
+        ``staging``'s buffer (valid until its next copy), or a fresh copy the caller owns."""
         ...
 
     def save_state(self, directory: Path) -> None:
@@ -129,8 +131,8 @@ class TorchEngine:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().to("cpu").contiguous().clone() for k, v in self.policy.state_dict().items()}
+    def full_state_dict(self, staging: HostStaging | None = None) -> dict[str, torch.Tensor]:
+        return (staging or HostStaging(pin=False)).copy(self.policy.state_dict())
 
     def save_state(self, directory: Path) -> None:
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
@@ -203,12 +205,12 @@ class DeepSpeedEngine:
         norm = self.ds.get_global_grad_norm()
         return float(norm) if norm is not None else math.nan
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, staging: HostStaging | None = None) -> dict[str, torch.Tensor]:
         import deepspeed
 
         params = list(self.policy.parameters()) if self.stage == 3 else []
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=self.stage == 3):
-            return {k: v.detach().to("cpu").contiguous().clone() for k, v in self.policy.state_dict().items()}
+            return (staging or HostStaging(pin=False)).copy(self.policy.state_dict())
 
     def save_state(self, directory: Path) -> None:
         self.ds.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)

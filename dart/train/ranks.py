@@ -176,7 +176,7 @@ class RankTrainer(Trainer):
         if self.rank == 0:
             def write(directory: Path) -> None:
                 _broadcast(str(directory))
-                write_weights(self.engine.full_state_dict(), self.engine.policy.config.to_json_string(), directory)
+                write_weights(self.engine.full_state_dict(self.staging), self.engine.policy.config.to_json_string(), directory)
                 self.engine.save_state(directory)
                 dist.barrier()
 

@@ -31,6 +31,7 @@ from dart.train.batch import Dropped, ModelBatch, micro_batches, prepare_samples
 from dart.train.checkpoint import TrainState, commit_checkpoint, latest_checkpoint, load_rng, read_state
 from dart.train.config import TrainerConfig
 from dart.train.engine import Engine, ReferencePolicy, build_engine
+from dart.train.staging import HostStaging
 from dart.train.update import UpdateResult, apply_update, step_metrics
 from dart.train.weight_publish import weights_published
 from dart.train.weight_send import WeightTransfer, make_transfer
@@ -67,6 +68,8 @@ class Trainer:
         self.tokenizer, self.image_processor = policy.tokenizer, policy.image_processor
         self.pad_id = policy.pad_token_id
         self.load_image = blob_image_loader(blobs)
+        self.staging = HostStaging()
+        """Where each checkpoint's weights leave the engine: one buffer, pinned on a GPU host, reused."""
         # The KL reference is the initial policy, also after a resume (copied before any update).
         ref_model = copy.deepcopy(policy.model) if cfg.loss.kl_coef > 0 else None
         self.engine = self.build_engine(policy.model)
@@ -160,7 +163,7 @@ class Trainer:
     def checkpoint(self) -> Path:
         """Write the model, optimiser, RNG and position atomically (see ``dart.train.checkpoint``)."""
         def write(directory: Path) -> None:
-            write_weights(self.engine.full_state_dict(), self.engine.policy.config.to_json_string(), directory)
+            write_weights(self.engine.full_state_dict(self.staging), self.engine.policy.config.to_json_string(), directory)
             self.engine.save_state(directory)
 
         self.last_checkpoint = commit_checkpoint(self.cfg.checkpoint_dir, self.state, write,

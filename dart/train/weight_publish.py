@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dart.agent.weight_format import PUBLISHED_FILES, weights_sha256, written_digests
+from dart.agent.weight_format import PUBLISHED_FILES, WEIGHTS_FILE, weights_sha256, written_digests
 from dart.blobs import BlobStore
 from dart.events import BlobRef, WeightsPublished
 
@@ -19,15 +19,16 @@ def put_weights(store: BlobStore, directory: Path, *, link: bool = False) -> lis
     ``link`` when ``directory`` is a committed checkpoint (``dart.train.checkpoint``: fsynced,
     renamed into place, never written again): the store then links its files where it can
     instead of copying them (``LocalBlobStore.put_file``), and a file whose digest its writer
-    recorded (``SHA256SUMS``, :func:`dart.agent.weight_format.write_weights`) is not even read: the
-    version is published in the time of a link. Not for a directory someone may write again
+    recorded (``SHA256SUMS`` and the weights' chunk list, :func:`dart.agent.weight_format.write_weights`)
+    is not even read: the version is published in the time of a link. Not for a directory someone may write again
     (``dart sft --out``): there each file is hashed and copied.
     """
     known = written_digests(directory) if link else {}
     refs = []
     for name in PUBLISHED_FILES:
         path = directory / name
-        digest = store.put_file(path, link=link, digest=known.get(name))
+        # the weights are a chunked blob: hashed, written and verified on every core (dart.blobs.chunks)
+        digest = store.put_file(path, link=link, digest=known.get(name), chunked=name == WEIGHTS_FILE)
         refs.append(BlobRef(name=name, digest=digest, size_bytes=path.stat().st_size))
     return refs
 

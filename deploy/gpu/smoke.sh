@@ -13,8 +13,13 @@
 #    `pip install -c deploy/gpu/constraints.txt -e '.[gpu]'`). benchmarks/gpu_smoke.py --engine
 #    vllm: the tiny model against the CPU engine, swaps, and UI-TARS in bf16 when given. Without
 #    vLLM the part says so and is skipped.
+# 3. GPU benchmark (BENCH=0 leaves it out): benchmarks/gpu_bench.py with $PY, at most ~6 minutes:
+#    the trainer at Qwen2.5-VL 1.5B and 7B shapes (text and one screenshot per step: tokens/s,
+#    MFU, peak memory), the bfloat16 update check, a 7B version's publish-to-serve path beside the
+#    host's copy and disk limits; figures in $OUT/gpu_bench.json (docs/gpu.md keeps its table).
+#    BENCH_ARGS adds arguments (e.g. "--engine-set KEY=VALUE" for the bf16 check's after run).
 #
-# DEVICE=cpu runs part 1 on the CPU (what a machine without a GPU can check: the steps, not the
+# DEVICE=cpu runs part 1 on the CPU (and part 3 as --tiny: the steps, no figures) (what a machine without a GPU can check: the steps, not the
 # figures; cuda_check.sh only with CUDA_CHECK=1). Figures and logs go to $OUT (default: a new temporary directory). Exit status:
 # 0 every part that ran passed (a skipped vLLM part is said so on the last line), 1 a part
 # failed, 3 nothing could run (no CUDA device and DEVICE is not cpu).
@@ -65,6 +70,19 @@ else
     "$VLLM_PY" benchmarks/gpu_smoke.py --engine vllm --out "$OUT/gpu_smoke_vllm.json" "$@"
   status=$?
   if [ $status -eq 3 ]; then vllm_note="skipped (see above)"; elif [ $status -ne 0 ]; then failed+=("gpu_smoke vllm"); fi
+fi
+
+echo "=== GPU benchmark"
+if [ "${BENCH:-1}" = 0 ]; then
+  echo "gpu bench: left out (BENCH=0)"
+else
+  bench_args=()
+  [ "$DEVICE" = cpu ] && bench_args+=(--tiny)
+  # shellcheck disable=SC2206  # BENCH_ARGS is split on purpose
+  PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 timeout 420 \
+    "$PY" benchmarks/gpu_bench.py "${bench_args[@]}" ${BENCH_ARGS:-} --out "$OUT/gpu_bench.json" \
+    > "$OUT/gpu_bench.log" 2>&1 || failed+=("gpu_bench (log: $OUT/gpu_bench.log)")
+  tail -n 3 "$OUT/gpu_bench.log"
 fi
 
 echo "--- figures in $OUT"

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import save
 
 from dart.agent.weight_format import (
+    CHUNKS_FILE,
     CONFIG_FILE,
     SUMS_FILE,
     WEIGHTS_FILE,
@@ -18,7 +19,7 @@ from dart.agent.weight_format import (
     state_dict_from_buffer,
     write_weights,
 )
-from dart.blobs import LocalBlobStore
+from dart.blobs import LocalBlobStore, chunks
 from dart.errors import BlobCorrupted
 from dart.train.weight_send import BlobTransfer
 
@@ -44,14 +45,19 @@ def test_the_streamed_file_is_byte_for_byte_what_safetensors_writes(tmp_path):
     assert b"".join(bytes(c) for c in safetensors_chunks(state)) == expected
     digests = write_weights(state, '{"model_type": "t"}', tmp_path)
     assert (tmp_path / WEIGHTS_FILE).read_bytes() == expected
-    assert digests == {WEIGHTS_FILE: hashlib.sha256(expected).hexdigest(),
+    # the weights' address is the sha256 of their chunk list, each line one chunk's sha256
+    listing = (tmp_path / CHUNKS_FILE).read_bytes()
+    step = chunks.CHUNK_BYTES
+    assert listing.decode().splitlines()[1:] == [hashlib.sha256(expected[i:i + step]).hexdigest()
+                                                 for i in range(0, len(expected), step)]
+    assert digests == {WEIGHTS_FILE: hashlib.sha256(listing).hexdigest(),
                        CONFIG_FILE: hashlib.sha256(b'{"model_type": "t"}').hexdigest()}
     assert (tmp_path / SUMS_FILE).read_text().splitlines() == [f"{digests[n]}  {n}" for n in (WEIGHTS_FILE, CONFIG_FILE)]
     with pytest.raises(ValueError, match="complex64"):
         write_weights({"c": torch.zeros(2, dtype=torch.complex64)}, "{}", tmp_path / "bad")
 
 
-def test_a_written_checkpoint_is_published_by_link_under_the_digest_of_its_bytes(tmp_path, monkeypatch):
+def test_a_written_checkpoint_is_published_by_link_under_the_address_its_writer_recorded(tmp_path, monkeypatch):
     import dart.blobs
 
     ckpt = tmp_path / "step-00000001"
@@ -59,10 +65,13 @@ def test_a_written_checkpoint_is_published_by_link_under_the_digest_of_its_bytes
     store = LocalBlobStore(tmp_path / "blobs")
     with monkeypatch.context() as m:
         m.setattr(dart.blobs, "_hash_file", lambda _p: pytest.fail("the checkpoint was read to publish it"))
+        m.setattr(chunks, "hash_file", lambda _p: pytest.fail("the checkpoint was read to publish it"))
         refs = BlobTransfer().publish(1, ckpt, store)
+    addressed = {WEIGHTS_FILE: CHUNKS_FILE, CONFIG_FILE: CONFIG_FILE}     # the weights: by their chunk list
     for ref in refs:
-        assert ref.digest == hashlib.sha256((ckpt / ref.name).read_bytes()).hexdigest()
+        assert ref.digest == hashlib.sha256((ckpt / addressed[ref.name]).read_bytes()).hexdigest()
         assert store.local_path(ref.digest).stat().st_ino == (ckpt / ref.name).stat().st_ino
+    assert bytes(store.get_buffer(refs[0].digest)) == (ckpt / WEIGHTS_FILE).read_bytes()
 
 
 def test_the_blob_is_read_into_views_of_one_buffer_equal_to_the_state():

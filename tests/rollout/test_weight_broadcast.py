@@ -5,7 +5,6 @@ names the version and its digest, and a worker started late catches up from the 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import yaml
 from dart.agent.config import TransferConfig
 from dart.agent.model import load_policy
 from dart.agent.weight_format import WEIGHTS_FILE, weights_blob, weights_sha256
-from dart.blobs import LocalBlobStore
+from dart.blobs import LocalBlobStore, chunks
 from dart.bus import read_topic
 from dart.events import WeightsLoaded, WeightsPublished
 from dart.rollout.hf_engine import HFEngine
@@ -92,7 +91,8 @@ async def test_direct_path_two_workers_bit_identical_and_a_late_worker_from_the_
                      if isinstance(d.event, WeightsPublished)]
         v1 = next(e for e in published if e.version == 1)
         assert v1.sha256 == weights_sha256(v1.blobs)
-        assert weights_blob(v1).digest == hashlib.sha256((checkpoint / WEIGHTS_FILE).read_bytes()).hexdigest()
+        # the weights' blob address: the sha256 of their chunk list (dart.blobs.chunks), hashed here anew
+        assert weights_blob(v1).digest == chunks.list_address(chunks.hash_file(checkpoint / WEIGHTS_FILE))
         loaded = [d.event async for d in read_topic(bus, bus.topics.heartbeats) if isinstance(d.event, WeightsLoaded)]
         assert {(e.worker_id, e.version, e.ok) for e in loaded} == {("rollout-a", 1, True), ("rollout-b", 1, True)}
         assert "version 1 broadcast to 2 workers" in log.read_text()

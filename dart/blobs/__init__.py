@@ -4,6 +4,11 @@ carry their sha256 (claim-check pattern). Identical bytes are stored once.
 The local store keeps ``ROOT/ab/cd/<digest>``; writes go to a temporary file in the same
 directory and are renamed into place, so a reader never sees half a blob; every read checks
 the digest, so a corrupted blob is an error, never silently returned.
+
+A large blob (a version's weights) may be *chunked* (:mod:`dart.blobs.chunks`): its address is
+the sha256 of its chunk list, kept beside it as ``<digest>.chunks`` and placed before the bytes
+(a reader that finds the bytes finds their list). Every read checks a chunked blob too, on every
+core: the list against the address, each chunk against the list.
 """
 
 from __future__ import annotations
@@ -11,12 +16,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
+from dart.blobs import chunks
 from dart.errors import BlobCorrupted, BlobError, BlobNotFound
 
 log = logging.getLogger(__name__)
@@ -72,14 +79,14 @@ def write_hashed(fh: BinaryIO, chunks: Iterable[bytes | memoryview]) -> str:
     return h.hexdigest()
 
 
-def _read_verified(path: Path, digest: str, root: Path) -> bytearray:
+def _read_verified(path: Path, digest: str, root: Path, alloc: Callable[[int], Any]) -> Any:
     """The whole file in one buffer, each chunk hashed on a second thread while the next is read;
     BlobCorrupted unless the bytes hash to ``digest``."""
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as fh, ThreadPoolExecutor(1, thread_name_prefix="blob-hash") as ex:
         size = os.fstat(fh.fileno()).st_size
-        buf = bytearray(size)
-        view = memoryview(buf)
+        buf = alloc(size)
+        view = memoryview(buf).cast("B")
         hashing: Future[None] | None = None
         pos = 0
         while pos < size and (n := fh.readinto(view[pos:pos + _CHUNK])):
@@ -114,11 +121,16 @@ def fsync_dir(directory: Path) -> None:
     finally:
         os.close(fd)
 
+Alloc = Callable[[int], Any]
+"""Makes the writable buffer (bytearray-like) a blob of that many bytes is read into."""
+
+
 class BlobStore(Protocol):
     def put(self, data: bytes) -> str: ...
-    def put_file(self, path: Path, *, link: bool = False, digest: str | None = None) -> str: ...
+    def put_file(self, path: Path, *, link: bool = False, digest: str | None = None,
+                 chunked: bool = False) -> str: ...
     def get(self, digest: str) -> bytes: ...
-    def get_buffer(self, digest: str) -> bytearray: ...
+    def get_buffer(self, digest: str, alloc: Alloc | None = None) -> Any: ...
     def exists(self, digest: str) -> bool: ...
     def local_path(self, digest: str, *, verify: bool = True) -> Path: ...
 
@@ -142,7 +154,7 @@ class LocalBlobStore:
             self._write_atomic(path, [data])
         return digest
 
-    def put_file(self, path: Path, *, link: bool = False, digest: str | None = None) -> str:
+    def put_file(self, path: Path, *, link: bool = False, digest: str | None = None, chunked: bool = False) -> str:
         """Store a file's bytes (streamed, for large weights); returns the digest.
 
         One pass: each chunk is hashed and written at once, the file fsynced once and renamed to
@@ -160,9 +172,13 @@ class LocalBlobStore:
         verifies the bytes (:meth:`get`, :meth:`get_buffer`, :meth:`local_path`), so a wrong
         digest makes a blob that is refused as corrupted, never wrong bytes served; and where the
         file must be copied instead, a copy that hashes differently is refused here.
+
+        ``chunked``: store it as a chunked blob (:meth:`put_chunked_file`).
         """
         if digest is not None and not link:
             raise BlobError("put_file: a digest is trusted only for a linked, committed file (link=True)")
+        if chunked:
+            return self.put_chunked_file(path, link=link, digest=digest)
         if link:
             digest = _check_digest(digest) if digest is not None else _hash_file(path)
             target = self._path(digest)
@@ -183,6 +199,62 @@ class LocalBlobStore:
         if digest is not None and stored != digest:
             raise BlobCorrupted(f"{path} hashes to {stored}, not to {digest} as its writer said: changed since written")
         return stored
+
+    def put_chunked_file(self, path: Path, *, link: bool = False, digest: str | None = None) -> str:
+        """Store a file as a chunked blob (:mod:`dart.blobs.chunks`); returns its address.
+
+        ``link`` and ``digest`` as in :meth:`put_file`; the writer's list is the file beside it
+        (``<file>.chunks``, written by :func:`dart.blobs.chunks.write_chunked`'s caller) and is
+        used when it hashes to ``digest``; otherwise the file (or its copy) is hashed here, on
+        every core. The list is placed before the bytes."""
+        side = path.with_name(path.name + chunks.SUFFIX)
+        listing = None
+        if link and digest is not None and side.is_file():
+            text = side.read_bytes()
+            listing = text if chunks.list_address(text) == _check_digest(digest) else None
+        tmp: Path | None = None
+        if not link:                          # a file someone may still write: hash the copy, not it
+            fd, name = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+            os.close(fd)
+            tmp = Path(name)
+            shutil.copyfile(path, tmp)
+        try:
+            if listing is None:
+                listing = chunks.hash_file(tmp or path)
+            address = chunks.list_address(listing)
+            target = self._path(address)
+            if target.exists():
+                return address
+            self._write_atomic(target.with_name(target.name + chunks.SUFFIX), [listing])
+            if tmp is not None:
+                with open(tmp, "rb") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(tmp, target)
+            else:
+                try:
+                    os.link(path, target)
+                except FileExistsError:
+                    return address
+                except OSError:               # another filesystem: a copy, checked against the list
+                    log.debug("cannot link %s into %s: copying", path, self.root, exc_info=True)
+                    shutil.copyfile(path, target.with_name(target.name + ".tmp"))
+                    chunks.read_chunked(target.with_name(target.name + ".tmp"), listing)
+                    os.replace(target.with_name(target.name + ".tmp"), target)
+            fsync_dir(target.parent)
+            return address
+        finally:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+
+    def _listing(self, path: Path, digest: str) -> bytes | None:
+        """A chunked blob's list (checked against its address), or None for a plain blob."""
+        try:
+            listing = path.with_name(path.name + chunks.SUFFIX).read_bytes()
+        except FileNotFoundError:
+            return None
+        if chunks.list_address(listing) != digest:
+            raise BlobCorrupted(f"blob {digest} under {self.root} is corrupted: its chunk list hashes differently")
+        return listing
 
     def put_chunks(self, chunks: Iterable[bytes | memoryview]) -> str:
         """Store the bytes of ``chunks``; returns the digest. A chunk must stay unchanged until the
@@ -211,6 +283,8 @@ class LocalBlobStore:
     def get(self, digest: str) -> bytes:
         """The bytes stored under digest, verified; raises BlobNotFound / BlobCorrupted."""
         path = self._path(digest)
+        if self._listing(path, digest) is not None:
+            return bytes(self.get_buffer(digest))
         try:
             data = path.read_bytes()
         except FileNotFoundError as exc:
@@ -221,12 +295,17 @@ class LocalBlobStore:
             raise BlobCorrupted(f"blob {digest} under {self.root} is corrupted: its bytes hash differently")
         return data
 
-    def get_buffer(self, digest: str) -> bytearray:
-        """The blob's bytes, verified, in one writable buffer: read once, each chunk hashed while
-        the next is read, no second copy (tensors can be views of it). Raises like :meth:`get`."""
+    def get_buffer(self, digest: str, alloc: Alloc | None = None) -> Any:
+        """The blob's bytes, verified, in one writable buffer (``alloc(size)``, default a bytearray;
+        pinned host memory for a GPU's load): read once, no second copy (tensors can be views of
+        it). A plain blob is hashed on a second thread while the next chunk is read; a chunked one
+        is read and verified chunk by chunk on every core. Raises like :meth:`get`."""
         path = self._path(digest)
         try:
-            return _read_verified(path, digest, self.root)
+            listing = self._listing(path, digest)
+            if listing is not None:
+                return chunks.read_chunked(path, listing, alloc or bytearray)
+            return _read_verified(path, digest, self.root, alloc or bytearray)
         except BlobError:
             raise
         except FileNotFoundError as exc:
@@ -242,7 +321,9 @@ class LocalBlobStore:
         path = self._path(digest)
         if not path.exists():
             raise BlobNotFound(f"no blob {digest} under {self.root}")
-        if verify and _hash_file(path) != digest:
+        if verify and (listing := self._listing(path, digest)) is not None:
+            chunks.read_chunked(path, listing)
+        elif verify and _hash_file(path) != digest:
             raise BlobCorrupted(f"blob {digest} under {self.root} is corrupted: its bytes hash differently")
         return path
 
