@@ -44,7 +44,7 @@ def bus_from_args(args: argparse.Namespace) -> BusConfig:
     run = run_of(args)
     if run is not None and not (getattr(args, "bootstrap", None) and getattr(args, "prefix", None)):
         data["bootstrap"], data["prefix"] = live_bus(run, configured=os.environ.get("DART_BOOTSTRAP"),
-                                                     secret=base.security.password is not None)
+                                                     secret=bool(base.security.password))
     if getattr(args, "bootstrap", None):
         data["bootstrap"] = args.bootstrap
     if getattr(args, "prefix", None):
