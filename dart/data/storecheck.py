@@ -120,9 +120,21 @@ def _checked_name(store: Path, path: Path, name: str, what: str) -> str:
     return name
 
 
+def _read(path: Path) -> str | None:
+    """The file's text; None if it went away meanwhile (a data manager may be writing the store:
+    chdb writes a definition beside it and renames it, and removes a dropped one)."""
+    try:
+        return path.read_text(errors="surrogateescape")
+    except FileNotFoundError:
+        return None
+
+
 def _check_database(store: Path, path: Path, parse: Parse) -> str | None:
-    """The database's UUID (quoted), None for an Ordinary one."""
-    canonical, _ = _parsed(store, path, parse, path.read_text(errors="surrogateescape"))
+    """The database's UUID (quoted), None for an Ordinary one (or one dropped meanwhile)."""
+    text = _read(path)
+    if text is None:
+        return None
+    canonical, _ = _parsed(store, path, parse, text)
     m = _DATABASE.fullmatch(canonical)
     if m is None or m.group(2) not in DATABASE_ENGINES:
         raise _refused(store, path, f"{canonical[:120]!r}: a database whose tables are elsewhere (engines "
@@ -131,7 +143,10 @@ def _check_database(store: Path, path: Path, parse: Parse) -> str | None:
 
 
 def _check_object(store: Path, path: Path, parse: Parse, database: str, name: str, others: frozenset[str]) -> None:
-    canonical, _ = _parsed(store, path, parse, path.read_text(errors="surrogateescape"))
+    text = _read(path)
+    if text is None:
+        return
+    canonical, _ = _parsed(store, path, parse, text)
     m = _OBJECT.fullmatch(canonical)
     if m is None:
         raise _refused(store, path, f"{canonical[:120]!r}: not a table or a plain view (dictionaries, "
