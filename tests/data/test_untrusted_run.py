@@ -251,3 +251,91 @@ def test_a_data_managers_store_passes_the_check_and_reads_normally_from_a_copied
     assert out.stdout.strip() == "2"
     report = dart("report", "--run", str(run), "--json")
     assert report.returncode == 0, report.stderr
+
+
+UUID = "11111111-2222-4333-8444-555555555555"
+HANDWRITTEN = {
+    # a definition file written by hand, as someone sharing a run could: what the check names
+    "refreshable view": (f"ATTACH MATERIALIZED VIEW _ UUID '{UUID}' REFRESH EVERY 1 SECOND (`x` String) "
+                         "ENGINE = MergeTree ORDER BY x AS SELECT * FROM url('http://127.0.0.1:1/', TSV, 'x String')",
+                         "not a table or a plain view"),
+    "second statement": (f"ATTACH TABLE _ UUID '{UUID}' (`x` String) ENGINE = MergeTree ORDER BY x; "
+                         "SELECT * FROM url('http://127.0.0.1:1/', TSV, 'x String')", "Multi-statements"),
+    "disk setting": (f"ATTACH TABLE _ UUID '{UUID}' (`x` String) ENGINE = MergeTree ORDER BY x "
+                     "SETTINGS disk = disk(type = local, path = '/tmp/')", "setting disk"),
+    "ttl move": (f"ATTACH TABLE _ UUID '{UUID}' (`x` String, `d` DateTime) ENGINE = MergeTree ORDER BY x "
+                 "TTL d + toIntervalDay(1) TO DISK 'x'", "TTL is refused"),
+    "kafka engine": (f"ATTACH TABLE _ UUID '{UUID}' (`x` String) ENGINE = Kafka('127.0.0.1:1', 't', 'g', 'TSV')",
+                     "table engine Kafka is refused"),
+    "file in a default": (f"ATTACH TABLE _ UUID '{UUID}' (`x` String DEFAULT file('/etc/hostname')) "
+                          "ENGINE = MergeTree ORDER BY x", "function file() is refused"),
+    "view of a host file": (f"ATTACH VIEW _ UUID '{UUID}' (`x` String) AS SELECT * FROM default.`/etc/hostname`",
+                            "default./etc/hostname is refused"),
+    "dictionary": (f"CREATE DICTIONARY _ UUID '{UUID}' (`x` UInt64) PRIMARY KEY x "
+                   "SOURCE(HTTP(URL 'http://127.0.0.1:1/' FORMAT TSV)) LAYOUT(FLAT()) LIFETIME(0)",
+                   "not a table or a plain view"),
+}
+
+
+@pytest.fixture(scope="module")
+def clean_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    store = tmp_path_factory.mktemp("clean") / "chdb"
+    build_store(store)
+    return store
+
+
+def copy_of(store: Path, where: Path) -> Path:
+    copy = where / "chdb"
+    shutil.copytree(store, copy, symlinks=True)
+    return copy
+
+
+def test_a_data_managers_store_passes_the_check(clean_store: Path) -> None:
+    from dart.data.storecheck import check_store
+
+    assert list((clean_store / "metadata_dropped").glob("*.sql")), "a dropped database's tables are checked too"
+    check_store(clean_store)
+
+
+@pytest.mark.parametrize("case", list(HANDWRITTEN))
+def test_the_check_refuses_each_handwritten_definition_that_would_run_or_reach_out(
+        clean_store: Path, tmp_path: Path, case: str) -> None:
+    from dart.data.storecheck import check_store
+    from dart.rundir import UntrustedRun
+
+    store = copy_of(clean_store, tmp_path)
+    text, says = HANDWRITTEN[case]
+    (store / "metadata" / "dart" / "evil.sql").write_text(text)
+    with pytest.raises(UntrustedRun, match=r"evil\.sql") as refused:
+        check_store(store)
+    assert says in str(refused.value) and "--trust-run" in str(refused.value)
+
+
+def test_the_check_refuses_a_foreign_database_engine_a_link_out_and_a_stray_definition(
+        clean_store: Path, tmp_path: Path) -> None:
+    from dart.data.storecheck import check_store
+    from dart.rundir import UntrustedRun
+
+    store = copy_of(clean_store, tmp_path)
+    (store / "metadata" / "etc.sql").write_text("ATTACH DATABASE _ ENGINE = Filesystem('/etc')")
+    with pytest.raises(UntrustedRun, match=r"metadata/etc\.sql: .*a database whose tables are elsewhere"):
+        check_store(store)
+    (store / "metadata" / "etc.sql").unlink()
+    (store / "data" / "dart" / "outside").symlink_to("/etc")
+    with pytest.raises(UntrustedRun, match=r"data/dart/outside: a link out of the store \(to /etc\)"):
+        check_store(store)
+    (store / "data" / "dart" / "outside").unlink()
+    stray = store / "store" / "abc" / "abcdef00-0000-4000-8000-000000000000"
+    stray.mkdir(parents=True)
+    (stray / "t.sql").write_text(f"ATTACH TABLE _ UUID '{UUID}' (`x` String) ENGINE = MergeTree ORDER BY x")
+    with pytest.raises(UntrustedRun, match="a definition of no database in the store"):
+        check_store(store)
+
+
+def test_eval_takes_no_config_a_run_directory_names(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "mine.yaml").write_text("workdir: elsewhere\n")
+    descriptor(run, config=str(run / "mine.yaml"))
+    line = one_line(dart("eval", "--run", str(run)))
+    assert f"names the config {run / 'mine.yaml'}, not one dart ships" in line and "--trust-run" in line
