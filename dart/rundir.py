@@ -184,7 +184,7 @@ def live_bus(run: RunInfo, *, configured: str | None, secret: bool) -> tuple[str
         raise RunMissing(f"the run in {run.workdir} is not running (its `dart up` has exited, and its dev broker "
                          f"with it): read its archive instead (`dart log ls {run.workdir}`), or its store "
                          f"(`dart sql --run {run.workdir} ...`)")
-    if run.bootstrap != configured and (secret or not _loopback(run.bootstrap)):
+    if run.bootstrap != configured and (secret or not is_loopback(run.bootstrap)):
         why = "your Kafka credentials go only to $DART_BOOTSTRAP" if secret else "it is not on this machine"
         raise UntrustedRun(f"{Path(run.workdir) / DESCRIPTOR} names the broker {run.bootstrap}: not contacted ({why}); "
                            f"to read it, name it yourself with --bootstrap {run.bootstrap}")
@@ -192,7 +192,7 @@ def live_bus(run: RunInfo, *, configured: str | None, secret: bool) -> tuple[str
     return run.bootstrap, run.prefix
 
 
-def _loopback(address: str) -> bool:
+def is_loopback(address: str) -> bool:
     """Every host of a ``host:port[,host:port]`` list is this machine's loopback."""
     hosts = [a.strip().rpartition(":")[0].strip("[]") for a in address.split(",")]
     return all(h in ("localhost", "::1") or h.startswith("127.") for h in hosts)

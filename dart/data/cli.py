@@ -31,7 +31,15 @@ from dart.data.report import build_report, write_plots
 from dart.data.rows import TABLES
 from dart.data.store import Store, chdb_client, http_file, parse_dsn
 from dart.errors import BlobError, ConfigError, DartError
-from dart.rundir import RunMissing, UntrustedRun, add_run_arg, fill_from_run, require_store, run_of
+from dart.rundir import (
+    RunMissing,
+    UntrustedRun,
+    add_run_arg,
+    fill_from_run,
+    is_loopback,
+    require_store,
+    run_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +114,7 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
 
 
 def _replay_target(args: argparse.Namespace) -> str | None:
-    if len(args.target) > 1:
+    if len(args.target) + (args.run is not None) > 1:
         raise ConfigError(f"replay: expected at most one RUN_DIR, got {args.target}")
     return args.target[0] if args.target else None
 
@@ -169,16 +177,6 @@ def cmd_data_manager(args: argparse.Namespace) -> int:
     return 0
 
 
-def _answers(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{url}/ping", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def served_url(path: Path) -> str | None:
     """The SQL endpoint of a data manager serving the chdb store at ``path`` (chdb opens a path in one
     process only), from the ``<path>.http`` file it writes, if it answers; else None. That file may
@@ -189,11 +187,17 @@ def served_url(path: Path) -> str | None:
         return None
     url = marker.read_text().strip()
     target = parse_dsn(url) if url.startswith(("http://", "https://")) else None
-    if target is None or not (target.host == "localhost" or target.host.startswith("127.") or target.host == "::1"):
+    if target is None or not is_loopback(f"{target.host}:{target.port}"):
         raise UntrustedRun(f"{marker} names the SQL endpoint {url!r}, not one on this machine: not contacted "
                            f"(a data manager writes its loopback address there); to read a server, name it with --url")
     print(f"dart: the store {path} is served by a data manager: asking {url} (from {marker})", file=sys.stderr)
-    return url if _answers(url) else None
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/ping", timeout=2) as r:
+            return url if r.status == 200 else None
+    except OSError:
+        return None
 
 
 def sql_client(url: str | None, dsn: str | None, database: str) -> Any:
@@ -299,7 +303,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     run = run_of(args)
     args.run = None  # the archive and store of RUN_DIR are read; its broker is not needed
-    run_dir = run.root if run is not None else None
     if run is not None:
         if not run.log.is_dir() or not run.store.is_dir():
             raise RunMissing(f"{run.workdir} is not a run directory with an archive and a store (no "
@@ -363,7 +366,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(f"replayed {sum(counts.values())} events from {len(counts)} topics of {bus.prefix}.* "
                   f"into {fresh.target.path}:{fresh.database}")
         # A finished run's store does not lag its log: no point in waiting for it to catch up.
-        deadline = time.monotonic() + (0.0 if run_dir is not None and url is None else args.wait_s)
+        deadline = time.monotonic() + (0.0 if run is not None and url is None else args.wait_s)
         while True:
             checks, diffs = compare(live_query, live_db, fresh.query, fresh.database, TABLES, args.show)
             if all(c.equal for c in checks) or time.monotonic() >= deadline:

@@ -202,7 +202,7 @@ def cmd_replay_update(args: argparse.Namespace) -> int:
     from dart.stack.rerun import replay_update
 
     run = _require_run_dir(args)
-    update = replay_update(run.root, args.version, trainer_config=args.trainer_config)
+    update = replay_update(run, args.version, trainer_config=args.trainer_config)
     print(update.text())
     return 0 if update.identical else 1
 
@@ -212,7 +212,7 @@ def cmd_replay_decision(args: argparse.Namespace) -> int:
     from dart.stack.rerun import replay_decision
 
     run = _require_run_dir(args)
-    result = replay_decision(run.root, args.rollout_id, args.step, worker_config=args.worker_config)
+    result = replay_decision(run, args.rollout_id, args.step, worker_config=args.worker_config)
     print(result.text())
     return 0 if result.reproduced else 1
 
