@@ -80,6 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         maybe_start_exporter(args.command)  # a long-lived service: Prometheus /metrics
     try:
+        if hasattr(args, "trust_run"):  # a command that reads a run (rundir.add_run_arg): opened and checked here
+            # Deferred: the check loads chdb, which only commands that read a run need.
+            from dart.data.storecheck import open_checked_run
+            from dart.rundir import run_path  # here: what a VM runs (`dart guest-agent`) loads none of it
+
+            path = run_path(args)
+            args.run = None if path is None else open_checked_run(path, trust=args.trust_run)
         rc = args.func(args)
     except KeyboardInterrupt:
         return 130

@@ -53,10 +53,11 @@ def archiver_cfg(args: argparse.Namespace) -> Any:
 
 
 def metrics_cfg(args: argparse.Namespace) -> Any:
-    from dart.metrics.cli import _run_dir_item, metrics_config
+    from dart.metrics.cli import metrics_config
+    from dart.rundir import open_run, run_path
 
-    args.run_dir = _run_dir_item(args)
-    return metrics_config(args)
+    path = run_path(args)
+    return metrics_config(args, open_run(path) if path else None)
 
 
 # command: (what its file holds, a dotted override, how to read the overridden value, the builder)
@@ -150,7 +151,8 @@ def test_metrics_takes_a_run_directory_beside_its_overrides(tmp_path):
     (run / "blobs").mkdir()
     args = build_parser().parse_args(["metrics", str(run), "metrics.images_per_version=0", "--out", str(tmp_path / "tb")])
     cfg = metrics_cfg(args)
-    assert args.run_dir == run and cfg.images_per_version == 0
+    assert "metrics.images_per_version=0" in args.config_items and str(run) not in args.config_items
+    assert cfg.images_per_version == 0
     assert cfg.out_dir == tmp_path / "tb" and cfg.blobs == str(run / "blobs")
     # a run directory that is not there is still named as one (not read as a config file)
     assert main(["metrics", str(tmp_path / "nope"), "metrics.images_per_version=0"]) == 1

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import time
 from typing import Any
@@ -21,13 +22,15 @@ from dart.bus.topics import CATALOGUE
 from dart.config import build, config_mapping
 from dart.errors import BusError, ConfigError
 from dart.events import to_json_dict
-from dart.rundir import RUN_HELP, live_bus, run_of
+from dart.rundir import add_run_arg, live_bus, run_of
 
 
-def add_bus_args(p: argparse.ArgumentParser, *, config: bool = True) -> None:
-    """--bootstrap, --prefix and (unless the command takes ``[CONFIG] [KEY=VALUE ...]``) --config."""
+def add_bus_args(p: argparse.ArgumentParser, *, config: bool = True, run: bool = True) -> None:
+    """--bootstrap, --prefix, --run (unless ``run`` is False: the command names a run's directory
+    for something else) and (unless the command takes ``[CONFIG] [KEY=VALUE ...]``) --config."""
     g = p.add_argument_group("event log")
-    g.add_argument("--run", metavar="RUN_DIR", help=RUN_HELP)
+    if run:
+        add_run_arg(p)
     g.add_argument("--bootstrap", help="Kafka bootstrap host:port (default: $DART_BOOTSTRAP or 127.0.0.1:9092)")
     g.add_argument("--prefix", help="topic prefix (default: $DART_TOPIC_PREFIX or 'dart')")
     if config:
@@ -40,7 +43,8 @@ def bus_from_args(args: argparse.Namespace) -> BusConfig:
     data.update(config_mapping(args).get("bus", {}) or {})
     run = run_of(args)
     if run is not None and not (getattr(args, "bootstrap", None) and getattr(args, "prefix", None)):
-        data["bootstrap"], data["prefix"] = live_bus(run)
+        data["bootstrap"], data["prefix"] = live_bus(run, configured=os.environ.get("DART_BOOTSTRAP"),
+                                                     secret=bool(base.security.password))
     if getattr(args, "bootstrap", None):
         data["bootstrap"] = args.bootstrap
     if getattr(args, "prefix", None):

@@ -29,9 +29,17 @@ from dart.data.experience import load_experience
 from dart.data.replay import compare, format_checks, rebuild, rebuild_from_archive, version_time_ms
 from dart.data.report import build_report, write_plots
 from dart.data.rows import TABLES
-from dart.data.store import Store, http_file, parse_dsn
+from dart.data.store import Store, chdb_client, http_file, parse_dsn
 from dart.errors import BlobError, ConfigError, DartError
-from dart.rundir import RUN_HELP, RunMissing, fill_from_run, require_store, run_of
+from dart.rundir import (
+    RunMissing,
+    UntrustedRun,
+    add_run_arg,
+    fill_from_run,
+    is_loopback,
+    require_store,
+    run_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +94,8 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", nargs="*",
                    help="RUN_DIR: replay its archived log (RUN_DIR/log, no broker needed) against its store "
                         "(RUN_DIR/chdb); none: the live broker's topics (--run RUN_DIR is the same as RUN_DIR)")
-    add_bus_args(p)  # --config: its `bus:` and `data:` sections name the log and the live store
+    add_run_arg(p, positional=_replay_target)
+    add_bus_args(p, run=False)  # --config: its `bus:` and `data:` sections name the log and the live store
     until = p.add_mutually_exclusive_group()
     until.add_argument("--until-ms", type=int, help="with RUN_DIR: only records with a Kafka timestamp <= this "
                                                     "(ms since the epoch); the state as of that moment")
@@ -104,8 +113,14 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--show", type=int, default=5, help="differing rows to name per table")
 
 
+def _replay_target(args: argparse.Namespace) -> str | None:
+    if len(args.target) + (args.run is not None) > 1:
+        raise ConfigError(f"replay: expected at most one RUN_DIR, got {args.target}")
+    return args.target[0] if args.target else None
+
+
 def _add_target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", metavar="RUN_DIR", help=RUN_HELP)
+    add_run_arg(p)
     p.add_argument("--url", help="http://host:port of a ClickHouse server or a data manager's SQL endpoint "
                                  "(credentials: $CLICKHOUSE_USER, $CLICKHOUSE_PASSWORD)")
     p.add_argument("--dsn", help="chdb:///abs/path (default: the data manager's default store)")
@@ -162,41 +177,63 @@ def cmd_data_manager(args: argparse.Namespace) -> int:
     return 0
 
 
-def _answers(url: str) -> bool:
+def served_url(path: Path) -> str | None:
+    """The SQL endpoint of a data manager serving the chdb store at ``path`` (chdb opens a path in one
+    process only), from the ``<path>.http`` file it writes, if it answers; else None. That file may
+    be part of someone else's run directory: only a loopback address is followed, and the address
+    is said on stderr before it is contacted."""
+    marker = http_file(path)
+    if not marker.exists():
+        return None
+    url = marker.read_text().strip()
+    target = parse_dsn(url) if url.startswith(("http://", "https://")) else None
+    if target is None or not is_loopback(f"{target.host}:{target.port}"):
+        raise UntrustedRun(f"{marker} names the SQL endpoint {url!r}, not one on this machine: not contacted "
+                           f"(a data manager writes its loopback address there); to read a server, name it with --url")
+    print(f"dart: the store {path} is served by a data manager: asking {url} (from {marker})", file=sys.stderr)
     import urllib.request
 
     try:
         with urllib.request.urlopen(f"{url}/ping", timeout=2) as r:
-            return r.status == 200
+            return url if r.status == 200 else None
     except OSError:
-        return False
+        return None
 
 
 def sql_client(url: str | None, dsn: str | None, database: str) -> Any:
-    """A clickhouse-connect client on a server URL or an embedded chdb path (same API either way)."""
+    """A clickhouse-connect client on a server URL or an embedded chdb path (same API either way).
+    ``url`` and ``dsn`` are the user's (flags, config); an endpoint found from a store's ``.http``
+    file gets $CLICKHOUSE_USER / $CLICKHOUSE_PASSWORD only when it is $CLICKHOUSE_URL."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    if url is not None:
+        return server_client(url, database, named=True)
+    target = parse_dsn(dsn or StoreConfig().dsn)
+    if target.kind == "http":
+        return server_client(dsn or "", database, named=True)
+    assert target.path is not None
+    if (served := served_url(target.path)) is not None:
+        return server_client(served, database, named=served == os.environ.get("CLICKHOUSE_URL"))
+    require_store(target.path)
+    try:
+        return chdb_client(target.path, database)
+    except ClickHouseError as exc:
+        raise DartError(f"cannot open {target.path}: {exc}") from exc
+
+
+def server_client(url: str, database: str, *, named: bool) -> Any:
+    """A client of the ClickHouse server or SQL endpoint at ``url``; with $CLICKHOUSE_USER and
+    $CLICKHOUSE_PASSWORD only if the user ``named`` it (else as user default, no password)."""
     import clickhouse_connect
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
-    if url is None:
-        target = parse_dsn(dsn or StoreConfig().dsn)
-        marker = http_file(target.path) if target.path is not None else None
-        if target.kind == "http":
-            url = dsn
-        elif marker is not None and marker.exists() and _answers(marker.read_text().strip()):
-            # A data manager holds this chdb path (one process per path): ask it over HTTP.
-            url = marker.read_text().strip()
-        else:
-            require_store(target.path)
-            try:
-                return clickhouse_connect.get_client(dsn=f"chdb://{target.path}", database=database)
-            except ClickHouseError as exc:
-                raise DartError(f"cannot open {target.path}: {exc}") from exc
-    t = parse_dsn(url or "")
+    t = parse_dsn(url)
+    # Credentials come from the environment, never from files or flags that end up in shell history.
+    user, password = ((os.environ.get("CLICKHOUSE_USER", "default"), os.environ.get("CLICKHOUSE_PASSWORD", ""))
+                      if named else ("default", ""))
     try:
-        # Credentials come from the environment, never from files or flags that end up in shell history.
         return clickhouse_connect.get_client(host=t.host, port=t.port, secure=t.secure, database=database,
-                                             username=os.environ.get("CLICKHOUSE_USER", "default"),
-                                             password=os.environ.get("CLICKHOUSE_PASSWORD", ""))
+                                             username=user, password=password)
     except (ClickHouseError, OSError) as exc:
         raise DartError(f"cannot reach the SQL endpoint {url}: {exc} (is the data manager running?)") from exc
 
@@ -264,20 +301,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     import tempfile
     import time
 
-    if args.run is not None:
-        args.target = [*args.target, args.run]
-    if len(args.target) > 1:
-        raise ConfigError(f"replay: expected at most one RUN_DIR, got {args.target}")
-    run_dir = Path(args.target[0]) if args.target else None
+    run = run_of(args)
     args.run = None  # the archive and store of RUN_DIR are read; its broker is not needed
-    if run_dir is not None:
-        if not (run_dir / "log").is_dir() or not (run_dir / "chdb").is_dir():
-            raise RunMissing(f"{run_dir} is not a run directory with an archive and a store (no "
-                             f"{run_dir / 'log'} or {run_dir / 'chdb'}): `dart up` writes both")
-        if args.config is None and (run_dir / "config" / "data-manager.yaml").exists():
-            args.config = str(run_dir / "config" / "data-manager.yaml")
+    if run is not None:
+        if not run.log.is_dir() or not run.store.is_dir():
+            raise RunMissing(f"{run.workdir} is not a run directory with an archive and a store (no "
+                             f"{run.log} or {run.store}): `dart up` writes both")
+        if args.config is None and (run.root / "config" / "data-manager.yaml").exists():
+            args.config = str(run.root / "config" / "data-manager.yaml")
         if args.dsn is None and args.url is None:
-            args.dsn = f"chdb://{(run_dir / 'chdb').resolve()}"
+            args.dsn = run.store_dsn
     elif args.until_ms is not None or args.until_version is not None:
         raise ConfigError("replay: --until-ms/--until-version need RUN_DIR (they cut the archived log)")
     cfg = data_config(argparse.Namespace(config=args.config, dsn=args.dsn, database=args.database))
@@ -285,16 +318,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
     live_db = cfg.store.database
     url = args.url
     live_store: Store | None = None
+    served: str | None = None
     target = parse_dsn(cfg.store.dsn)
     if url is None and target.kind == "http":
         url = cfg.store.dsn
     elif url is None and target.path is not None:
-        marker = http_file(target.path)
-        if marker.exists() and _answers(marker.read_text().strip()):
-            url = marker.read_text().strip()   # a data manager holds the path: ask it over HTTP
+        served = served_url(target.path)   # a data manager holds the path: ask it over HTTP
     tmp: Path | None = None
-    if url is not None:
-        client = sql_client(url, None, live_db)
+    if url is not None or served is not None:
+        client = (sql_client(url, None, live_db) if url is not None
+                  else server_client(served, live_db, named=served == os.environ.get("CLICKHOUSE_URL")))
+        url = url or served
         live_query = lambda sql: client.query(sql).result_rows  # noqa: E731
         if args.out:
             fresh = Store.open_dsn(args.out, database=live_db)
@@ -313,8 +347,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         live_query = live_store.query
         fresh = Store.open_dsn(cfg.store.dsn, database=f"{live_db}_replay_{int(time.time())}")
     try:
-        if run_dir is not None:
-            log_dir = run_dir / "log"
+        if run is not None:
+            log_dir = run.log
             until = (version_time_ms(log_dir, args.until_version) if args.until_version is not None
                      else args.until_ms)
             t0 = time.monotonic()
@@ -332,7 +366,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(f"replayed {sum(counts.values())} events from {len(counts)} topics of {bus.prefix}.* "
                   f"into {fresh.target.path}:{fresh.database}")
         # A finished run's store does not lag its log: no point in waiting for it to catch up.
-        deadline = time.monotonic() + (0.0 if run_dir is not None and url is None else args.wait_s)
+        deadline = time.monotonic() + (0.0 if run is not None and url is None else args.wait_s)
         while True:
             checks, diffs = compare(live_query, live_db, fresh.query, fresh.database, TABLES, args.show)
             if all(c.equal for c in checks) or time.monotonic() >= deadline:

@@ -66,6 +66,21 @@ def http_file(path: Path) -> Path:
     return path.with_name(path.name + ".http")
 
 
+CHDB_CONFIG = Path(__file__).with_name("chdb.xml")
+"""The configuration every chdb engine of dart runs with: no user scripts, SQL functions,
+dictionaries or user files from inside a store (or from a ``config.xml`` in the current
+directory, which chdb reads when it is given none)."""
+
+
+def chdb_client(path: Path, database: str | None = None) -> Any:
+    """A clickhouse-connect client on the embedded chdb store at ``path`` (created if missing),
+    its engine started with :data:`CHDB_CONFIG`."""
+    import clickhouse_connect
+
+    return clickhouse_connect.get_client(dsn=f"chdb://{path}", database=database,
+                                         chdb_options={"config-file": str(CHDB_CONFIG)})
+
+
 def _client(target: Target, username: str = "default", password: str = "") -> Any:
     import clickhouse_connect
     from clickhouse_connect.driver.exceptions import ClickHouseError
@@ -74,7 +89,7 @@ def _client(target: Target, username: str = "default", password: str = "") -> An
         if target.kind == "chdb":
             assert target.path is not None
             target.path.parent.mkdir(parents=True, exist_ok=True)
-            return clickhouse_connect.get_client(dsn=f"chdb://{target.path}")
+            return chdb_client(target.path)
         return clickhouse_connect.get_client(
             host=target.host, port=target.port, secure=target.secure, username=username, password=password
         )

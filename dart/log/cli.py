@@ -46,7 +46,8 @@ def existing_log_dir(path: str | Path) -> Path:
 
 def _path(args: argparse.Namespace) -> str:
     """PATH, or --run RUN_DIR (the same thing)."""
-    path = getattr(args, "path", None) or getattr(args, "run", None)
+    run = getattr(args, "run", None)  # opened and checked by `dart` (rundir.add_run_arg)
+    path = getattr(args, "path", None) or (run.workdir if run is not None else None)
     if path is None:
         raise ConfigError("give the run directory (PATH or --run RUN_DIR)")
     return path

@@ -12,7 +12,7 @@ from dart.bus.cli import add_bus_args, bus_from_args
 from dart.config import add_config_args, build, config_from_args
 from dart.log.cli import log_dir_of
 from dart.metrics.sink import MetricsConfig, from_archive, run_live
-from dart.rundir import RunMissing, tensorboard_dir
+from dart.rundir import RunInfo, RunMissing, add_run_arg, run_of, tensorboard_dir
 
 
 def register(sub: Any) -> None:
@@ -25,30 +25,31 @@ def register(sub: Any) -> None:
     p.add_argument("--blobs", help="blob store of the screenshots (default RUN_DIR/blobs)")
     p.add_argument("--image-every-versions", type=int, help="pictures of trajectories at every N policy versions")
     p.add_argument("--images-per-version", type=int, help="trajectories drawn at such a version (0: none)")
-    add_bus_args(p, config=False)  # --run: a live run's broker
+    add_run_arg(p, positional=_run_dir_item)  # a finished run (also as RUN_DIR)
+    add_bus_args(p, config=False, run=False)  # a live run's broker: --bootstrap, --prefix
     p.set_defaults(func=cmd_metrics)
 
 
-def _run_dir_item(args: argparse.Namespace) -> Path | None:
+def _run_dir_item(args: argparse.Namespace) -> str | None:
     """Take RUN_DIR out of ``[CONFIG|RUN_DIR] [KEY=VALUE ...]``: an item that is no override and no
     config file (a directory, or a path that is not there and not named ``*.yaml``)."""
     items = list(getattr(args, "config_items", None) or [])
     for item in items:
         if "=" not in item and not Path(item).is_file() and not item.endswith((".yaml", ".yml")):
             args.config_items = [i for i in items if i is not item]
-            return Path(item)
+            return item
     return None
 
 
-def metrics_config(args: argparse.Namespace) -> Any:
+def metrics_config(args: argparse.Namespace, run: RunInfo | None) -> Any:
     flags = {f"metrics.{key}": getattr(args, flag, None)
              for flag, key in (("out", "out_dir"), ("blobs", "blobs"), ("image_every_versions", "image_every_versions"),
                                ("images_per_version", "images_per_version"))}
     data = dict(config_from_args(args, flags=flags).get("metrics") or {})
-    if args.run_dir is not None:
-        data.setdefault("out_dir", str(tensorboard_dir(args.run_dir, _run_id(args.run_dir))))
-        if (args.run_dir / "blobs").is_dir():
-            data.setdefault("blobs", str(args.run_dir / "blobs"))
+    if run is not None:
+        data.setdefault("out_dir", str(tensorboard_dir(run.root, _run_id(run.root))))
+        if Path(run.blobs).is_dir():
+            data.setdefault("blobs", run.blobs)
     return build(MetricsConfig, data, path="metrics")
 
 
@@ -61,14 +62,14 @@ def _run_id(run_dir: Path) -> str:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    args.run_dir = _run_dir_item(args)
-    if args.run_dir is not None and not (args.run_dir / "log").is_dir():
-        raise RunMissing(f"no archived log in {args.run_dir} (no {args.run_dir / 'log'}): name the directory "
+    run = run_of(args)
+    if run is not None and not run.log.is_dir():
+        raise RunMissing(f"no archived log in {run.workdir} (no {run.log}): name the directory "
                          f"`dart up` ran in, e.g. runs/local")
 
-    cfg = metrics_config(args)
-    if args.run_dir is not None:
-        done = from_archive(log_dir_of(args.run_dir), cfg)
+    cfg = metrics_config(args, run)
+    if run is not None:
+        done = from_archive(log_dir_of(run.root), cfg)
         print(f"{done['records']} TensorBoard records from {done['events']} events in {cfg.out_dir} "
               f"(tensorboard --logdir {cfg.out_dir} --host 127.0.0.1)")
         return 0

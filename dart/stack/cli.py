@@ -11,9 +11,10 @@ from typing import Any
 
 from dart.blobs import LocalBlobStore
 from dart.config import add_config_args, build, config_from_args
+from dart.errors import ConfigError
 from dart.recipe.measure import success
-from dart.resources import config_path
-from dart.rundir import RunMissing, open_run
+from dart.resources import config_path, resource_dir
+from dart.rundir import RunInfo, RunMissing, UntrustedRun, add_run_arg, run_of
 
 DEFAULT_CONFIG = config_path("synthetic.yaml")
 
@@ -42,8 +43,7 @@ def register(sub: Any) -> None:
     p.add_argument("--episodes", type=int, help="evaluation episodes (default: the recipe's)")
     p.add_argument("--json", action="store_true", help="the result as one JSON object (success, episodes, "
                                                        "model, checkpoint, version, by_instruction)")
-    p.add_argument("--run", metavar="RUN_DIR", type=Path,
-                   help="the run's directory: its stack config and workdir, as `dart up` wrote them in RUN_DIR/run.json")
+    add_run_arg(p)  # its stack config (run.json names it) and workdir
     p.set_defaults(func=cmd_eval)
 
     # Deferred: loads the Kafka clients and fastavro, and every `dart` command imports this module.
@@ -61,17 +61,23 @@ def register(sub: Any) -> None:
     add_replay_args(r)
     r.set_defaults(func=cmd_replay_store)
     r = rsub.add_parser("decision", help="re-run the policy on a logged observation with the version that acted")
-    r.add_argument("run_dir", type=Path, help="the run's directory")
+    r.add_argument("run_dir", nargs="?", help="the run's directory (or --run RUN_DIR)")
+    add_run_arg(r, positional=_run_dir)
     r.add_argument("rollout_id", help="the trajectory")
     r.add_argument("step", type=int, help="its step index")
     r.add_argument("--worker-config", type=Path, help="the rollout worker's config "
                                                       "(default RUN_DIR/config/rollout-0.yaml)")
     r.set_defaults(func=cmd_replay_decision)
     r = rsub.add_parser("update", help="re-run one logged trainer update from its checkpoint and batch")
-    r.add_argument("run_dir", type=Path, help="the run's directory")
+    r.add_argument("run_dir", nargs="?", help="the run's directory (or --run RUN_DIR)")
+    add_run_arg(r, positional=_run_dir)
     r.add_argument("version", type=int, help="the policy version the update made")
     r.add_argument("--trainer-config", type=Path, help="the trainer's config (default RUN_DIR/config/trainer.yaml)")
     r.set_defaults(func=cmd_replay_update)
+
+
+def _run_dir(args: argparse.Namespace) -> str | None:
+    return args.run_dir
 
 
 SHORTHANDS = {"workdir": "workdir", "rl_minutes": "rl_minutes", "pipeline": "pipeline",
@@ -116,11 +122,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from dart.train.checkpoint import latest_checkpoint
 
     given = args.config or next((i for i in args.config_items or [] if "=" not in i), None)
-    if args.run is not None:
-        run = open_run(args.run)
+    run = run_of(args)
+    if run is not None:
         if run.config is not None and given is None:
-            given = args.config = str(run.config)
-        args.workdir = args.run
+            given = args.config = _run_config(run, trusted=args.trust_run)
+        args.workdir = run.root
     if not Path(given or DEFAULT_CONFIG).is_file():
         raise RunMissing(f"no config file {given}: give the stack YAML `dart up` ran (e.g. configs/synthetic.yaml)")
     cfg = load_stack_config(args)
@@ -159,6 +165,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_config(run: RunInfo, *, trusted: bool) -> str:
+    """The stack config run.json names, if it is one dart ships (a config chooses the environments
+    and their task setup commands, so a run directory may not pick any file as one)."""
+    path = Path(str(run.config))
+    if not trusted and path.resolve().parent != resource_dir("configs").resolve():
+        raise UntrustedRun(f"{run.root / 'run.json'} names the config {path}, not one dart ships: a config chooses "
+                           f"the environments and their setup commands, so give it yourself (`dart eval {path} "
+                           f"--run {run.workdir}`) or pass --trust-run")
+    return str(path)
+
+
 REPLAY_COMMANDS = ("store", "decision", "update")
 
 
@@ -184,8 +201,8 @@ def cmd_replay_update(args: argparse.Namespace) -> int:
     # Deferred: loads torch, and every `dart` command imports this module.
     from dart.stack.rerun import replay_update
 
-    _require_run_dir(args.run_dir)
-    update = replay_update(args.run_dir, args.version, trainer_config=args.trainer_config)
+    run = _require_run_dir(args)
+    update = replay_update(run, args.version, trainer_config=args.trainer_config)
     print(update.text())
     return 0 if update.identical else 1
 
@@ -194,13 +211,17 @@ def cmd_replay_decision(args: argparse.Namespace) -> int:
     # Deferred: loads torch, and every `dart` command imports this module.
     from dart.stack.rerun import replay_decision
 
-    _require_run_dir(args.run_dir)
-    result = replay_decision(args.run_dir, args.rollout_id, args.step, worker_config=args.worker_config)
+    run = _require_run_dir(args)
+    result = replay_decision(run, args.rollout_id, args.step, worker_config=args.worker_config)
     print(result.text())
     return 0 if result.reproduced else 1
 
 
-def _require_run_dir(run_dir: Path) -> None:
-    if not (run_dir / "log").is_dir():
-        raise RunMissing(f"{run_dir} is not a run directory with an archived log (no {run_dir / 'log'}): "
+def _require_run_dir(args: argparse.Namespace) -> RunInfo:
+    run = run_of(args)
+    if run is None:
+        raise ConfigError(f"replay {args.replay_command}: name the run directory (RUN_DIR or --run RUN_DIR)")
+    if not run.log.is_dir():
+        raise RunMissing(f"{run.workdir} is not a run directory with an archived log (no {run.log}): "
                          f"name the directory `dart up` ran in, e.g. runs/local")
+    return run

@@ -39,6 +39,7 @@ from dart.log import ArchiveError, list_segments, read_partition
 from dart.rollout.config import RolloutWorkerConfig
 from dart.rollout.engine import GenerateRequest
 from dart.rollout.hf_engine import HFEngine
+from dart.rundir import RunInfo
 from dart.train.checkpoint import checkpoints, step_dir_name
 from dart.train.config import TrainerConfig
 from dart.train.trainer import Trainer
@@ -132,17 +133,17 @@ def load_version(log_dir: Path, store: LocalBlobStore, model_dir: Path, version:
     return load_policy_with(model_dir, store.get(weights_blob(event).digest))
 
 
-def replay_decision(run_dir: Path, rollout_id: str, step: int, *, worker_config: Path | None = None) -> DecisionReplay:
+def replay_decision(run: RunInfo, rollout_id: str, step: int, *, worker_config: Path | None = None) -> DecisionReplay:
 
     # The run's parts are each named once (the config, the archive, the blob store) and passed on
     # under that name; the blob store comes last, as opening it makes its directory.
-    worker_config = worker_config or run_dir / "config" / "rollout-0.yaml"
+    worker_config = worker_config or run.root / "config" / "rollout-0.yaml"
     if not worker_config.exists():
         raise ConfigError(f"{worker_config} does not exist: name the rollout worker's config with --worker-config")
     cfg = build(RolloutWorkerConfig, load_yaml(worker_config).get("rollout", {}), path="rollout")
-    log_dir = run_dir / "log"
+    log_dir = run.log
     obs, act = _find(log_dir, rollout_id, step)
-    store = LocalBlobStore(run_dir / "blobs")
+    store = LocalBlobStore(run.blobs)
     policy = load_version(log_dir, store, Path(cfg.model), act.policy_version)
     ctx = PromptContext.from_observation(obs)
     messages, images = build_messages(ctx, blob_image_loader(store), cfg.prompt)
@@ -211,28 +212,28 @@ def _batch_event(log_dir: Path, batch_id: str) -> Any:
     raise ArchiveError(f"{log_dir}: batch {batch_id} is not in the archive")
 
 
-def replay_update(run_dir: Path, version: int, *, trainer_config: Path | None = None) -> UpdateReplay:
+def replay_update(run: RunInfo, version: int, *, trainer_config: Path | None = None) -> UpdateReplay:
     """Re-run the trainer update that made ``version`` from the checkpoint before it and its logged
     batch; compare the resulting weights' digest with the published one."""
     import shutil
     import tempfile
 
 
-    config = trainer_config or run_dir / "config" / "trainer.yaml"
+    config = trainer_config or run.root / "config" / "trainer.yaml"
     if not config.exists():
         raise ConfigError(f"{config} does not exist: name the trainer's config with --trainer-config")
     cfg = build(TrainerConfig, load_yaml(config).get("train", {}), path="train")
-    event = _weights_event(run_dir / "log", version)
+    event = _weights_event(run.log, version)
     if event is None or event.batch_id is None:
-        raise ArchiveError(f"{run_dir / 'log'}: no update published version {version}")
+        raise ArchiveError(f"{run.log}: no update published version {version}")
     before = Path(cfg.checkpoint_dir) / step_dir_name(event.train_step - 1)
     if not before.is_dir():
         kept = [p.name for p in checkpoints(Path(cfg.checkpoint_dir))]
         raise ConfigError(f"the checkpoint before version {version} ({before.name}) was pruned: the trainer keeps "
                           f"the newest train.keep_checkpoints={cfg.keep_checkpoints} ({', '.join(kept) or 'none'}); "
                           f"raise it to replay older updates")
-    blobs = LocalBlobStore(run_dir / "blobs")
-    batch = _batch_event(run_dir / "log", event.batch_id)
+    blobs = LocalBlobStore(run.blobs)
+    batch = _batch_event(run.log, event.batch_id)
     manifest = BatchManifest.from_bytes(blobs.get(batch.manifest_digest))
     work = Path(tempfile.mkdtemp(prefix="dart-replay-update-"))
     try:

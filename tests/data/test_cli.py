@@ -109,6 +109,10 @@ def test_killed_data_manager_resumes_and_sql_works_from_other_processes(bus: Bus
                  "--dsn", f"chdb://{db}", "--format", "JSONCompact")
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["data"] == [["t0", 21], ["t1", 21], ["t2", 18]]
+        # named as a run directory: its store is checked while the manager writes it, the endpoint said first
+        r = dart("sql", "SELECT count() FROM trajectories FINAL", "--run", str(tmp_path), "--format", "TSV")
+        assert r.returncode == 0 and r.stdout.strip() == "60", r.stderr
+        assert f"asking {url} (from {db}.http)" in r.stderr
         r = dart("sql", "SELECT count() FROM steps FORMAT CSV", "--url", url)   # the query's FORMAT wins
         assert r.returncode == 0 and r.stdout.strip() == "300", r.stderr
         r = dart("sql", "SELEC 1", "--url", url)
