@@ -52,6 +52,13 @@ class EngineConfig:
     """Parameter dtype of the trained model (bfloat16 on GPUs; float32 on CPU for exact tests)."""
     micro_batch_samples: int = 4
     """Samples per forward/backward; the gradient accumulates over the micro-batches of one batch."""
+    master_weights: Literal["auto", "split", "off"] = "auto"
+    """What keeps the part of each update that bfloat16 rounding drops (the torch engine).
+    split: an exact float32 master held as the bfloat16 weight plus its low 16 bits
+    (:mod:`dart.train.master_weights`; 2 bytes a parameter). off: plain AdamW on the bfloat16
+    weights (at lr ~1e-6 most of every step rounds away: for comparisons only). auto: split for
+    the torch engine in bfloat16; nothing otherwise (float32 weights are their own master, and
+    DeepSpeed's bf16 mode keeps a float32 master in its optimizer)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (memory for time)."""
     threads: int | None = None
@@ -67,6 +74,17 @@ class EngineConfig:
                 f"must be >= 1, got {self.micro_batch_samples}")
         require(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                 "engine.device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        require(self.master_weights != "split" or self.dtype == "bfloat16", "engine.master_weights",
+                "split keeps the float32 master of bfloat16 weights; with engine.dtype float32 the weights "
+                "are their own master: use auto or off")
+        require(self.master_weights != "split" or self.kind == "torch", "engine.master_weights",
+                "split is the torch engine's; DeepSpeed's bf16 mode keeps a float32 master in its own "
+                "optimizer: use auto")
+
+    @property
+    def split_master(self) -> bool:
+        """Whether the torch engine steps through :class:`dart.train.master_weights.SplitMasterAdamW`."""
+        return self.kind == "torch" and self.dtype == "bfloat16" and self.master_weights != "off"
 
 
 @dataclass(frozen=True, kw_only=True)

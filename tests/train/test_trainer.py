@@ -18,6 +18,7 @@ from dart.train.checkpoint import checkpoints, read_state
 from dart.train.config import EngineConfig, OptimConfig, TrainerConfig
 from dart.train.engine import ResponseScorer
 from dart.train.loss import LossConfig
+from dart.train.master_weights import LOW, SplitMasterAdamW
 from dart.train.trainer import Trainer
 from tests.train.conftest import SMALL, make_manifest
 
@@ -132,8 +133,10 @@ def test_published_weights_load_into_an_hf_model_and_change_its_outputs(tiny_dir
     torch.testing.assert_close(after, sample_logps(trainer.engine.policy, batch, store, tiny_policy))
 
 
-def test_a_restarted_trainer_resumes_weights_optimizer_and_position(tiny_dir, store, batch, tmp_path) -> None:
-    cfg = config(tiny_dir, store, tmp_path / "ckpt", keep_checkpoints=2)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_restarted_trainer_resumes_weights_optimizer_and_position(tiny_dir, store, batch, tmp_path, dtype) -> None:
+    cfg = config(tiny_dir, store, tmp_path / "ckpt", keep_checkpoints=2,
+                 engine=EngineConfig(micro_batch_samples=4, threads=1, dtype=dtype))
     first = Trainer(cfg, store)
     for seq in range(3):
         first.update(first.prepare(dataclasses.replace(batch, seq=seq, batch_id=f"b{seq}")))
@@ -143,8 +146,7 @@ def test_a_restarted_trainer_resumes_weights_optimizer_and_position(tiny_dir, st
     assert read_state(cfg.checkpoint_dir / "step-00000003").seq == 2
     second = Trainer(cfg, store)
     assert second.state == first.state
-    for name, value in first.engine.policy.state_dict().items():
-        assert torch.equal(value, second.engine.policy.state_dict()[name]), name
+    assert_same_training_state(first, second)
     # One more update from each gives the same weights: the optimiser moments came back too.
     nxt = dataclasses.replace(batch, seq=3, batch_id="b3")
     first.update(first.prepare(nxt))
@@ -152,6 +154,20 @@ def test_a_restarted_trainer_resumes_weights_optimizer_and_position(tiny_dir, st
     for name, value in first.engine.policy.state_dict().items():
         torch.testing.assert_close(value, second.engine.policy.state_dict()[name], atol=1e-6, rtol=0)
 
+
+def assert_same_training_state(first: Trainer, second: Trainer) -> None:
+    """Equal weights, and in bfloat16 equal float32 masters (each weight's low 16 bits came back
+    with the optimiser state, exactly)."""
+    for name, value in first.engine.policy.state_dict().items():
+        assert torch.equal(value, second.engine.policy.state_dict()[name]), name
+    optimizer = first.engine.optimizer
+    if isinstance(optimizer, SplitMasterAdamW):
+        params = dict(second.engine.policy.named_parameters())
+        for name, p in first.engine.policy.named_parameters():
+            master = optimizer.master(p)
+            assert torch.equal(master, second.engine.optimizer.master(params[name])), name
+            if p.grad is None and LOW in optimizer.state.get(p, {}):
+                assert not torch.equal(master, p.detach().float()), f"{name}: no low bits to restore"
 
 
 def test_micro_batches_group_similar_lengths_and_keep_each_sample_and_its_mask(batch, store, tiny_policy) -> None:
