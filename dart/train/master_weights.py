@@ -96,16 +96,18 @@ class SplitMasterAdamW(torch.optim.Optimizer):
         flat = [x.view(-1) for x in (p.data, p.grad, state["exp_avg"], state["exp_avg_sq"], state[LOW])]
         for start in range(0, p.numel(), CHUNK_ELEMENTS):
             w, g, m, v, low = (x[start:start + CHUNK_ELEMENTS] for x in flat)
+            # In place wherever it can be: five chunk-sized temporaries in all.
             g32 = g.float()
             m32 = m.float().lerp_(g32, 1 - beta1)
             v32 = v.float().mul_(beta2).addcmul_(g32, g32, value=1 - beta2)
-            master = join_master(w, low).mul_(decay)
-            master.addcdiv_(m32, (v32.sqrt() / bias2_sqrt).add_(group["eps"]), value=-step_size)
-            high, new_low = split_master(master)
-            w.copy_(high)
-            low.copy_(new_low)
             m.copy_(m32)
             v.copy_(v32)
+            bits = w.view(torch.int16).to(torch.int32).bitwise_left_shift_(16).add_(low)
+            master = bits.view(torch.float32).mul_(decay)
+            master.addcdiv_(m32, v32.sqrt_().div_(bias2_sqrt).add_(group["eps"]), value=-step_size)
+            high = torch.add(bits, 1 << 15).bitwise_right_shift_(16)  # as split_master, in place
+            w.view(torch.int16).copy_(high)
+            low.copy_(bits.sub_(high, alpha=1 << 16))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # NOTE: torch casts every floating-point state tensor to its parameter's dtype and would
