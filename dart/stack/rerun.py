@@ -39,7 +39,7 @@ from dart.log import ArchiveError, list_segments, read_partition
 from dart.rollout.config import RolloutWorkerConfig
 from dart.rollout.engine import GenerateRequest
 from dart.rollout.hf_engine import HFEngine
-from dart.train.checkpoint import checkpoints, step_dir_name
+from dart.train.checkpoint import checkpoints, is_full, step_dir_name
 from dart.train.config import TrainerConfig
 from dart.train.trainer import Trainer
 
@@ -231,6 +231,10 @@ def replay_update(run_dir: Path, version: int, *, trainer_config: Path | None = 
         raise ConfigError(f"the checkpoint before version {version} ({before.name}) was pruned: the trainer keeps "
                           f"the newest train.keep_checkpoints={cfg.keep_checkpoints} ({', '.join(kept) or 'none'}); "
                           f"raise it to replay older updates")
+    if not is_full(before):
+        raise ConfigError(f"the checkpoint before version {version} ({before.name}) holds weights only "
+                          f"(train.full_checkpoint_every={cfg.full_checkpoint_every}): replay a version made right "
+                          "after a full checkpoint, or run with train.full_checkpoint_every=1 to replay any")
     blobs = LocalBlobStore(run_dir / "blobs")
     batch = _batch_event(run_dir / "log", event.batch_id)
     manifest = BatchManifest.from_bytes(blobs.get(batch.manifest_digest))
