@@ -14,11 +14,13 @@ from dart.config import build
 from dart.errors import ConfigError
 from dart.train.config import EngineConfig, TrainerConfig
 from dart.train.master_weights import SplitMasterAdamW, join_master, split_master
-from dart.train.precision_check import run_check
+from dart.train.precision_check import CheckShape, run_check
 
 
 def test_a_bfloat16_engine_learns_what_float32_learns_at_lr_1e_6_norm_weights_included(capsys) -> None:
-    result = run_check(lr=1e-6, steps=200, threads=1)["auto"]
+    # One decoder layer: the steps' fixed costs dominate on a CPU, and rounding depends on the
+    # weights' scale, not the depth (two layers: ratio 1.066; one: 1.070, 25 % less CPU).
+    result = run_check(lr=1e-6, steps=200, threads=1, shape=CheckShape(num_hidden_layers=1))["auto"]
     with capsys.disabled():
         print(f"\nbf16/fp32 loss drop at lr 1e-6, 200 steps: {result.drop_ratio:.3f} "
               f"({result.loss_drop:.4f} / {result.loss_drop_fp32:.4f})")
