@@ -94,11 +94,14 @@ class Consumer:
         linger_s: float = 0.0,
         pipeline_records: int = 0,
         fetch_max_wait_ms: int | None = None,
+        commit_when: Callable[[], bool] | None = None,
     ) -> None:
         if sum(h is not None for h in (handler, batch_handler, raw_batch_handler)) != 1:
             raise ValueError("give exactly one of handler, batch_handler or raw_batch_handler")
         if pipeline_records and batch_handler is None:
             raise ValueError("pipeline_records needs a batch_handler")
+        if commit_when is not None and (pipeline_records or raw_batch_handler is not None):
+            raise ValueError("commit_when works with a handler or a batch_handler, unpipelined")
         self.cfg = cfg
         self.topics = list(topics)
         self.group = group
@@ -129,6 +132,11 @@ class Consumer:
         # ``fetch_max_wait_ms``, short for the env <-> rollout hot path). A consumer that does not
         # need its records within tens of ms asks for longer: every idle fetch is a broker request.
         self.fetch_max_wait_ms = cfg.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms
+        # handler / batch_handler: asked after the records of a fetch were handled; False holds
+        # their commit back, for a handler whose effect becomes durable only now and then (the
+        # trainer's full checkpoints). The next True commits every record handled up to then; a
+        # restart before it gets the held-back records delivered again.
+        self.commit_when = commit_when
         self._flight: collections.deque[tuple[asyncio.Task[None], dict[Any, int], int]] = collections.deque()
         self._flight_records = 0
         self.started = asyncio.Event()
@@ -322,6 +330,8 @@ class Consumer:
                     break
         assert last is not None
         self.handled += records.index(last) + 1
+        if self.commit_when is not None and not self.commit_when():
+            return
         # Commit only after every record up to here had its effect (or went to the DLQ):
         # a crash before this line replays them, and handlers are idempotent on event_id.
         try:

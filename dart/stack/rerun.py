@@ -40,7 +40,7 @@ from dart.rollout.config import RolloutWorkerConfig
 from dart.rollout.engine import GenerateRequest
 from dart.rollout.hf_engine import HFEngine
 from dart.rundir import RunInfo
-from dart.train.checkpoint import checkpoints, step_dir_name
+from dart.train.checkpoint import checkpoints, is_full, step_dir_name
 from dart.train.config import TrainerConfig
 from dart.train.trainer import Trainer
 
@@ -218,7 +218,6 @@ def replay_update(run: RunInfo, version: int, *, trainer_config: Path | None = N
     import shutil
     import tempfile
 
-
     config = trainer_config or run.root / "config" / "trainer.yaml"
     if not config.exists():
         raise ConfigError(f"{config} does not exist: name the trainer's config with --trainer-config")
@@ -232,6 +231,10 @@ def replay_update(run: RunInfo, version: int, *, trainer_config: Path | None = N
         raise ConfigError(f"the checkpoint before version {version} ({before.name}) was pruned: the trainer keeps "
                           f"the newest train.keep_checkpoints={cfg.keep_checkpoints} ({', '.join(kept) or 'none'}); "
                           f"raise it to replay older updates")
+    if not is_full(before):
+        raise ConfigError(f"the checkpoint before version {version} ({before.name}) holds weights only "
+                          f"(train.full_checkpoint_every={cfg.full_checkpoint_every}): replay a version made right "
+                          "after a full checkpoint, or run with train.full_checkpoint_every=1 to replay any")
     blobs = LocalBlobStore(run.blobs)
     batch = _batch_event(run.log, event.batch_id)
     manifest = BatchManifest.from_bytes(blobs.get(batch.manifest_digest))

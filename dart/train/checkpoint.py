@@ -12,6 +12,15 @@ Layout under ``checkpoint_dir``::
         state.json          TrainState: step, version, last consumed batch (seq, batch_id)
     latest                  name of the newest checkpoint (for people; the loader trusts the dirs)
 
+Every update writes a checkpoint, but only every N-th is **full** (the trainer's
+``full_checkpoint_every``): the others are **weights only**, without ``optimizer.pt`` /
+``deepspeed/`` and ``rng.pt`` (a 7B model's AdamW state is 28 GiB; its weights 16.6 GB). A
+weights-only checkpoint is still the durable home of its version's files (they are published
+from it by hard link), and still says how far training got; a restart resumes from the newest
+*full* one (:func:`latest_full_checkpoint`), drops the weights-only ones after it and trains the
+batches after it again. The rename is the commit: ``rng.pt`` is in a ``step-*`` directory only
+if everything a full checkpoint holds is (:func:`is_full`).
+
 A checkpoint is written into ``.tmp-*`` and renamed into place only when every file is on
 disk (fsynced), so a ``step-*`` directory is always complete: a crash mid-write leaves a
 ``.tmp-*`` directory that the next save removes.
@@ -34,7 +43,7 @@ import numpy as np
 import torch
 
 from dart.blobs import fsync_dir
-from dart.errors import DecodeError
+from dart.errors import ConfigError, DecodeError
 
 STATE_FILE = "state.json"
 RNG_FILE = "rng.pt"
@@ -127,8 +136,54 @@ def checkpoints(root: Path) -> list[Path]:
 
 
 def latest_checkpoint(root: Path) -> Path | None:
+    """The newest checkpoint, full or weights only (the newest weights and training position)."""
     found = checkpoints(root)
     return found[-1] if found else None
+
+
+def is_full(checkpoint: Path) -> bool:
+    """Whether ``checkpoint`` holds the optimiser and RNG state too (a restart can resume from it)."""
+    return (checkpoint / RNG_FILE).is_file()
+
+
+def latest_full_checkpoint(root: Path) -> Path | None:
+    """The newest full checkpoint: where a restart resumes (None: a fresh start). ConfigError when
+    ``root`` holds checkpoints but no full one (pruned by hand?): a fresh start would write over them."""
+    found = checkpoints(root)
+    full = next((p for p in reversed(found) if is_full(p)), None)
+    if found and full is None:
+        raise ConfigError(f"train.checkpoint_dir {root} holds {len(found)} weights-only checkpoints and no full one "
+                          f"({RNG_FILE} and the optimiser state): nothing to resume from; move them away to start afresh")
+    return full
+
+
+def discard_after(root: Path, checkpoint: Path) -> list[str]:
+    """Remove the checkpoints newer than ``checkpoint`` (weights-only ones a resume from it trains
+    again) and point ``latest`` at it; returns the names removed. Their versions' blobs are
+    hard links or copies in the blob store, not these files: removing them loses no version."""
+    found = checkpoints(root)
+    newer = found[found.index(checkpoint) + 1:]
+    for old in newer:
+        shutil.rmtree(old)
+    if newer:
+        fsync_dir(root)
+        _write_latest(root, checkpoint.name)
+    return [p.name for p in newer]
+
+
+def _write_latest(root: Path, name: str) -> None:
+    latest_tmp = root / f".tmp-latest-{uuid.uuid4().hex[:8]}"
+    latest_tmp.write_text(name + "\n")
+    os.replace(latest_tmp, root / "latest")
+
+
+def prune(root: Path, *, keep: int, keep_full: int) -> None:
+    """Delete every checkpoint but the newest ``keep`` and the newest ``keep_full`` full ones."""
+    found = checkpoints(root)
+    kept = set(found[-keep:]) | set([p for p in found if is_full(p)][-keep_full:])
+    for old in found:
+        if old not in kept:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def read_state(checkpoint: Path) -> TrainState:
@@ -145,10 +200,12 @@ def _fsync_tree(directory: Path) -> None:
 
 
 
-def commit_checkpoint(root: Path, state: TrainState, write: Any, *, keep: int) -> Path:
-    """Write a checkpoint atomically: ``write(tmp_dir)`` fills in the model files, this adds the
-    state and RNG, fsyncs, renames the directory into place, updates ``latest`` and prunes all
-    but the newest ``keep``. Returns the checkpoint directory."""
+def commit_checkpoint(root: Path, state: TrainState, write: Any, *, keep: int, full: bool = True,
+                      keep_full: int | None = None) -> Path:
+    """Write a checkpoint atomically: ``write(tmp_dir)`` fills in the model files (and, when
+    ``full``, the engine state), this adds the state and, when ``full``, the RNG, fsyncs, renames
+    the directory into place, updates ``latest`` and prunes all but the newest ``keep`` and the
+    newest ``keep_full`` full ones (default: ``keep``). Returns the checkpoint directory."""
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
@@ -156,18 +213,16 @@ def commit_checkpoint(root: Path, state: TrainState, write: Any, *, keep: int) -
     tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     write(tmp)
-    torch.save(rng_state(), tmp / RNG_FILE)
+    if full:
+        torch.save(rng_state(), tmp / RNG_FILE)
     (tmp / STATE_FILE).write_text(state.to_json())
     _fsync_tree(tmp)
     if final.exists():  # the same step written again after a crash: the new one wins
         shutil.rmtree(final)
     os.rename(tmp, final)
     fsync_dir(root)
-    latest_tmp = root / f".tmp-latest-{uuid.uuid4().hex[:8]}"
-    latest_tmp.write_text(final.name + "\n")
-    os.replace(latest_tmp, root / "latest")
-    for old in checkpoints(root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    _write_latest(root, final.name)
+    prune(root, keep=keep, keep_full=keep if keep_full is None else keep_full)
     return final
 
 

@@ -52,6 +52,13 @@ class EngineConfig:
     """Parameter dtype of the trained model (bfloat16 on GPUs; float32 on CPU for exact tests)."""
     micro_batch_samples: int = 4
     """Samples per forward/backward; the gradient accumulates over the micro-batches of one batch."""
+    master_weights: Literal["auto", "split", "off"] = "auto"
+    """What keeps the part of each update that bfloat16 rounding drops (the torch engine).
+    split: an exact float32 master held as the bfloat16 weight plus its low 16 bits
+    (:mod:`dart.train.master_weights`; 2 bytes a parameter). off: plain AdamW on the bfloat16
+    weights (at lr ~1e-6 most of every step rounds away: for comparisons only). auto: split for
+    the torch engine in bfloat16; nothing otherwise (float32 weights are their own master, and
+    DeepSpeed's bf16 mode keeps a float32 master in its optimizer)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (memory for time)."""
     threads: int | None = None
@@ -67,6 +74,17 @@ class EngineConfig:
                 f"must be >= 1, got {self.micro_batch_samples}")
         require(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                 "engine.device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        require(self.master_weights != "split" or self.dtype == "bfloat16", "engine.master_weights",
+                "split keeps the float32 master of bfloat16 weights; with engine.dtype float32 the weights "
+                "are their own master: use auto or off")
+        require(self.master_weights != "split" or self.kind == "torch", "engine.master_weights",
+                "split is the torch engine's; DeepSpeed's bf16 mode keeps a float32 master in its own "
+                "optimizer: use auto")
+
+    @property
+    def split_master(self) -> bool:
+        """Whether the torch engine steps through :class:`dart.train.master_weights.SplitMasterAdamW`."""
+        return self.kind == "torch" and self.dtype == "bfloat16" and self.master_weights != "off"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +108,16 @@ class TrainerConfig:
     seed: int = 0
     """Seed of torch / random / numpy at start (resumes restore the RNG state instead)."""
     keep_checkpoints: int = 2
-    """Number of newest checkpoints kept on disk (older ones are deleted)."""
+    """Number of newest checkpoints (full or weights only) kept on disk; older ones are deleted
+    unless among the newest ``keep_full_checkpoints`` full ones."""
+    full_checkpoint_every: int = 1
+    """Write the optimiser state and RNG (a full checkpoint, what a restart resumes from) at every
+    N-th update; the updates between write their weights and position only (``dart.train.checkpoint``).
+    A restart resumes from the newest full checkpoint and trains the batches after it again (their
+    offsets are committed only once a full checkpoint covers them). 1: every update, exact resume
+    with nothing to redo; on a GPU at 7B, where the AdamW state is 28 GiB, every 20-50 updates."""
+    keep_full_checkpoints: int = 1
+    """Number of newest full checkpoints kept on disk (besides the newest ``keep_checkpoints``)."""
     publish_every: int = 1
     """Publish the policy weights after every N-th update (the first and initial weights always)."""
     max_updates: int = 0
@@ -123,5 +150,9 @@ class TrainerConfig:
         require(self.ppo_epochs >= 1, "ppo_epochs", f"must be >= 1, got {self.ppo_epochs}")
         require(self.ppo_minibatches >= 1, "ppo_minibatches", f"must be >= 1, got {self.ppo_minibatches}")
         require(self.keep_checkpoints >= 1, "keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
+        require(self.full_checkpoint_every >= 1, "full_checkpoint_every",
+                f"must be >= 1, got {self.full_checkpoint_every}")
+        require(self.keep_full_checkpoints >= 1, "keep_full_checkpoints",
+                f"must be >= 1, got {self.keep_full_checkpoints}")
         require(self.publish_every >= 1, "publish_every", f"must be >= 1, got {self.publish_every}")
         require(self.max_updates >= 0, "max_updates", f"must be >= 0, got {self.max_updates}")

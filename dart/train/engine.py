@@ -22,6 +22,7 @@ import torch
 from dart.errors import ConfigError
 from dart.train.batch import ModelBatch
 from dart.train.config import EngineConfig, OptimConfig
+from dart.train.master_weights import SplitMasterAdamW
 from dart.train.staging import HostStaging
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_optimizer(params: Any, cfg: OptimConfig) -> torch.optim.Optimizer:
+def make_optimizer(params: Any, cfg: OptimConfig, *, split_master: bool = False) -> torch.optim.Optimizer:
+    """torch's AdamW; ``split_master``: the same maths on a float32 master kept beside bfloat16
+    weights (:class:`dart.train.master_weights.SplitMasterAdamW`)."""
+    if split_master:
+        return SplitMasterAdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     # A plain torch AdamW (not DeepSpeed's fused/CPU Adam): no JIT op builds, same maths on every engine.
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
 
@@ -113,7 +118,7 @@ class TorchEngine:
             self.policy.gradient_checkpointing_enable()
         self.scorer = ResponseScorer(self.policy)
         self.optim_cfg = optim
-        self.optimizer = make_optimizer(self.policy.parameters(), optim)
+        self.optimizer = make_optimizer(self.policy.parameters(), optim, split_master=engine.split_master)
 
     def forward(self, batch: ModelBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return self.scorer(**batch.to(self.device, self.dtype).model_inputs())
@@ -135,6 +140,8 @@ class TorchEngine:
         return (staging or HostStaging(pin=False)).copy(self.policy.state_dict())
 
     def save_state(self, directory: Path) -> None:
+        # With split master weights this holds each weight's low 16 bits too: with the bfloat16
+        # weights of model.safetensors they are the float32 master, bit for bit.
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
 
     def load_state(self, directory: Path) -> None:

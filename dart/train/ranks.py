@@ -50,7 +50,7 @@ from dart.events import BatchAssembled, TrainStepCompleted
 from dart.events.manifest import BatchManifest
 from dart.train.advantages import BatchError, entropy_step_mask, group_advantages, length_weights
 from dart.train.batch import Dropped, micro_batches, pad_2d, prepare_samples
-from dart.train.checkpoint import commit_checkpoint, latest_checkpoint
+from dart.train.checkpoint import commit_checkpoint
 from dart.train.config import EngineConfig, TrainerConfig
 from dart.train.engine import DeepSpeedEngine, Engine, TorchEngine
 from dart.train.trainer import Prepared, Trainer, TrainerHalted
@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 
 TICK = "tick"
 STOP = "stop"
+FULL = "full-checkpoint"
+"""Rank 0 to the others on a clean stop: write a full checkpoint now (:meth:`Trainer.make_durable`)."""
 BUCKET_ELEMENTS = 1 << 25
 """Gradient all-reduce bucket (32M elements: 128 MB in float32)."""
 
@@ -164,33 +166,38 @@ class RankTrainer(Trainer):
         return DataParallelEngine(model, self.cfg.optim, engine_cfg)
 
     def find_checkpoint(self) -> Path | None:
-        """Rank 0's newest checkpoint, the same for every rank."""
-        found = _broadcast(str(latest_checkpoint(self.cfg.checkpoint_dir) or "") if self.rank == 0 else None)
+        """Rank 0's newest full checkpoint (it removes the weights-only ones after it), the same for every rank."""
+        found = _broadcast(str(super().find_checkpoint() or "") if self.rank == 0 else None)
         return Path(found) if found else None
 
-    def checkpoint(self) -> Path:
-        """Rank 0 commits the checkpoint; DeepSpeed's state is written by every rank into it."""
-        collective_state = isinstance(self.engine, DeepSpeedEngine)
-        gather = collective_state and self.engine.stage == 3
+    def checkpoint(self, full: bool | None = None) -> Path:
+        """Rank 0 commits the checkpoint; a full one's DeepSpeed state is written by every rank into it.
+        Every rank decides ``full`` alike (from the step, or as rank 0 said)."""
+        full = self.full_due() if full is None else full
+        deepspeed = isinstance(self.engine, DeepSpeedEngine)
+        gather = deepspeed and self.engine.stage == 3
 
         if self.rank == 0:
             def write(directory: Path) -> None:
                 _broadcast(str(directory))
                 write_weights(self.engine.full_state_dict(self.staging), self.engine.policy.config.to_json_string(), directory)
-                self.engine.save_state(directory)
+                if full:
+                    self.engine.save_state(directory)
                 dist.barrier()
 
-            self.last_checkpoint = commit_checkpoint(self.cfg.checkpoint_dir, self.state, write,
-                                                     keep=self.cfg.keep_checkpoints)
+            self.last_checkpoint = commit_checkpoint(self.cfg.checkpoint_dir, self.state, write, full=full,
+                                                     keep=self.cfg.keep_checkpoints,
+                                                     keep_full=self.cfg.keep_full_checkpoints)
             _broadcast(str(self.last_checkpoint))
         else:
             directory = Path(_broadcast())
             if gather:
                 self.engine.full_state_dict()
-            if collective_state:
+            if full and deepspeed:
                 self.engine.save_state(directory)
             dist.barrier()
             self.last_checkpoint = Path(_broadcast())
+        self.durable = full
         return self.last_checkpoint
 
     # ------------------------------------------------------------ one batch
@@ -279,7 +286,9 @@ class RankTrainer(Trainer):
             if message == STOP:
                 log.info("rank %d: stopped by rank 0", self.rank)
                 return
-            if message != TICK:
+            if message == FULL:
+                self.checkpoint(full=True)
+            elif message != TICK:
                 self.train_batch(message)
 
 
@@ -353,7 +362,8 @@ async def serve_ranks(cfg: TrainerConfig, bus: BusConfig) -> None:
         await producer.send(report)
 
     consumer = Consumer(bus, topics=[bus.topics.batches], group=cfg.group, handler=on_batch,
-                        producer=producer, client_id=cfg.worker_id, fetch_max_wait_ms=SLOW_FETCH_WAIT_MS)
+                        producer=producer, client_id=cfg.worker_id, fetch_max_wait_ms=SLOW_FETCH_WAIT_MS,
+                        commit_when=lambda: trainer.durable)  # as the one-rank trainer's (trainer.serve)
     stop_on_signals(consumer)
     ticker = asyncio.create_task(ticks(), name="rank-ticks")
     halted = False
@@ -369,6 +379,9 @@ async def serve_ranks(cfg: TrainerConfig, bus: BusConfig) -> None:
         if not halted:
             async with collective:
                 try:
+                    if not trainer.durable:  # a clean stop: every rank writes its part of a full checkpoint
+                        await asyncio.to_thread(_broadcast, FULL)
+                        await asyncio.to_thread(trainer.checkpoint, True)
                     await asyncio.to_thread(_broadcast, STOP)
                 except RuntimeError as exc:  # a rank already gone: nothing to stop
                     log.warning("rank 0: could not tell the other ranks to stop: %s", exc)

@@ -1,9 +1,11 @@
 """The trainer service: consume batches, update the policy, checkpoint, publish, report.
 
 ``serve`` is the whole loop; ``Trainer`` holds the model, the engine and the training
-position and does the work of each line. A batch's effect is durable (checkpoint) before its
-offset is committed, so a trainer killed at any point resumes with no batch lost or applied
-twice: batches with ``seq`` at or below the checkpoint's are skipped.
+position and does the work of each line. A batch's effect is durable (a full checkpoint) before
+its offset is committed, so a trainer killed at any point resumes with no batch lost or applied
+twice: it restores the newest full checkpoint, batches with ``seq`` at or below its position are
+skipped, and those after it (uncommitted, so delivered again) are trained again on the restored
+state. With ``full_checkpoint_every`` 1 that is at most the batch in hand.
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Produce
 from dart.events import BatchAssembled, TrainStepCompleted, WeightsPublished
 from dart.events.manifest import BatchManifest
 from dart.train.batch import Dropped, ModelBatch, micro_batches, prepare_samples, step_mask
-from dart.train.checkpoint import TrainState, commit_checkpoint, latest_checkpoint, load_rng, read_state
+from dart.train.checkpoint import (
+    TrainState,
+    commit_checkpoint,
+    discard_after,
+    latest_full_checkpoint,
+    load_rng,
+    read_state,
+)
 from dart.train.config import TrainerConfig
 from dart.train.engine import Engine, ReferencePolicy, build_engine
 from dart.train.staging import HostStaging
@@ -78,6 +87,8 @@ class Trainer:
         if not cfg.clip_acts:
             log.info("one optimiser step per batch (ppo_epochs 1, ppo_minibatches 1): the PPO ratio is 1, so "
                      "the clip range (eps_low %g, eps_high %g) changes nothing", cfg.loss.eps_low, cfg.loss.eps_high)
+        self.durable = True
+        """Whether every update so far is in a full checkpoint (a restart would redo none of them)."""
         self.last_checkpoint = self.find_checkpoint()
         if self.last_checkpoint is not None:
             self.engine.load_state(self.last_checkpoint)
@@ -96,8 +107,13 @@ class Trainer:
         return build_engine(model, self.cfg.optim, self.cfg.engine)
 
     def find_checkpoint(self) -> Path | None:
-        """The checkpoint to resume from (None: a fresh start)."""
-        return latest_checkpoint(self.cfg.checkpoint_dir)
+        """The checkpoint to resume from (None: a fresh start): the newest full one. The weights-only
+        checkpoints after it are removed: the batches that made them are trained again."""
+        found = latest_full_checkpoint(self.cfg.checkpoint_dir)
+        if found is not None and (dropped := discard_after(self.cfg.checkpoint_dir, found)):
+            log.info("resuming from the full checkpoint %s: weights-only %s removed, their batches are "
+                     "trained again", found.name, ", ".join(dropped))
+        return found
 
     def apply(self, prepared: Prepared) -> UpdateResult:
         """The update itself (:func:`dart.train.update.apply_update`)."""
@@ -160,15 +176,29 @@ class Trainer:
             tokens_per_s=result.tokens_per_s, metrics=metrics,
         )
 
-    def checkpoint(self) -> Path:
-        """Write the model, optimiser, RNG and position atomically (see ``dart.train.checkpoint``)."""
+    def full_due(self) -> bool:
+        """Whether this update's checkpoint is a full one (every ``full_checkpoint_every``-th, and step 0)."""
+        return self.state.step % self.cfg.full_checkpoint_every == 0
+
+    def checkpoint(self, full: bool | None = None) -> Path:
+        """Write the model and position, and when ``full`` (default: :meth:`full_due`) the optimiser
+        and RNG, atomically (see ``dart.train.checkpoint``)."""
+        full = self.full_due() if full is None else full
+
         def write(directory: Path) -> None:
             write_weights(self.engine.full_state_dict(self.staging), self.engine.policy.config.to_json_string(), directory)
-            self.engine.save_state(directory)
+            if full:
+                self.engine.save_state(directory)
 
-        self.last_checkpoint = commit_checkpoint(self.cfg.checkpoint_dir, self.state, write,
-                                                 keep=self.cfg.keep_checkpoints)
+        self.last_checkpoint = commit_checkpoint(self.cfg.checkpoint_dir, self.state, write, full=full,
+                                                 keep=self.cfg.keep_checkpoints, keep_full=self.cfg.keep_full_checkpoints)
+        self.durable = full
         return self.last_checkpoint
+
+    def make_durable(self) -> None:
+        """On a clean stop: a full checkpoint unless the last one was, so a restart redoes nothing."""
+        if not self.durable:
+            self.checkpoint(full=True)
 
     def publish(self) -> WeightsPublished:
         """Store the current weights (from the newest checkpoint) and announce them as ``state.version``."""
@@ -220,8 +250,11 @@ async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
 
     # A batch comes every several seconds: a fetch may wait long on the broker (a short wait is a
     # broker request 50 times a second for nothing).
+    # A batch's offset is committed only once a full checkpoint holds its update: a restart from
+    # the newest full checkpoint gets every batch after it delivered again.
     consumer = Consumer(bus, topics=[bus.topics.batches], group=cfg.group, handler=on_batch,
-                        producer=producer, client_id=cfg.worker_id, fetch_max_wait_ms=SLOW_FETCH_WAIT_MS)
+                        producer=producer, client_id=cfg.worker_id, fetch_max_wait_ms=SLOW_FETCH_WAIT_MS,
+                        commit_when=lambda: trainer.durable)
     signalled = _Signalled()
     stop_on_signals(consumer, signalled)
     try:
@@ -229,6 +262,7 @@ async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
             # After the capping update the consumer commits it and stops: the batches after stay
             # uncommitted in the log, for a run resumed with a higher cap.
             await consumer.run()
+        await asyncio.to_thread(trainer.make_durable)
         if capped():  # idle rather than exit: a supervisor restarts a service that exits
             await signalled.wait()
     finally:

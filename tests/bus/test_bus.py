@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -377,8 +378,6 @@ async def test_a_pipelined_consumer_fetches_on_while_a_fetch_is_handled_and_comm
     """``pipeline_records``: records that arrive while an earlier fetch is still being handled are
     handled at once (the rollout worker's engine batches them), and offsets are committed only up
     to the oldest fetch not finished yet."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
     producer = Producer(bus)
     release = asyncio.Event()
     handled: list[int] = []
@@ -399,13 +398,8 @@ async def test_a_pipelined_consumer_fetches_on_while_a_fetch_is_handled_and_comm
         await producer.send(heartbeat(i), partition=0)
     await _until(lambda: len(handled) == 3)  # handled while offset 0 is still in hand
 
-    async def committed() -> int | None:
-        probe = AIOKafkaConsumer(**bus.aiokafka(group_id=bus.group_id("pipelined"), enable_auto_commit=False))
-        await probe.start()
-        try:
-            return await probe.committed(TopicPartition(topic, 0))
-        finally:
-            await probe.stop()
+    def committed() -> Awaitable[int | None]:
+        return committed_offset(bus, "pipelined", topic)
 
     assert sorted(handled) == [1, 2, 3]
     assert await committed() is None  # nothing before the slow fetch is done
@@ -415,6 +409,73 @@ async def test_a_pipelined_consumer_fetches_on_while_a_fetch_is_handled_and_comm
     consumer.stop()
     await run
     producer.close()
+
+
+async def test_commit_when_holds_offsets_back_until_the_effect_is_durable_and_a_restart_gets_them_again(
+        bus: BusConfig):
+    """The trainer's full checkpoints: a record's offset is committed only once ``commit_when`` says
+    the effect of every record up to it is durable; the held-back ones come again after a restart."""
+    producer = Producer(bus)
+    topic, handled = bus.topics.heartbeats, []
+
+    async def handle(d) -> None:  # type: ignore[no-untyped-def]
+        handled.append(d.offset)
+
+    def committed() -> Awaitable[int | None]:
+        return committed_offset(bus, "gated", topic)
+
+    def durable() -> bool:  # a full checkpoint after every third record
+        return bool(handled) and handled[-1] % 3 == 2
+
+    consumer = Consumer(bus, topics=[topic], group="gated", handler=handle, producer=producer, commit_when=durable)
+    run = asyncio.create_task(consumer.run())
+    for i in range(5):
+        await producer.send(heartbeat(i), partition=0)
+    await _until(lambda: len(handled) == 5)
+    assert await committed() is None  # offset 4 handled, not durable
+    await producer.send(heartbeat(5), partition=0)
+    await _until(lambda: len(handled) == 6)
+    await _until_async(committed, 6)
+    for i in (6, 7):
+        await producer.send(heartbeat(i), partition=0)
+    await _until(lambda: len(handled) == 8)
+    consumer.stop()
+    await run
+    assert await committed() == 6  # the stop did not commit what is not durable
+
+    again: list[int] = []
+
+    async def collect(d) -> None:  # type: ignore[no-untyped-def]
+        again.append(d.offset)
+
+    restarted = Consumer(bus, topics=[topic], group="gated", handler=collect, producer=producer)
+    run = asyncio.create_task(restarted.run())
+    await _until(lambda: len(again) == 2)
+    restarted.stop()
+    await run
+    assert again == [6, 7]
+    with pytest.raises(ValueError, match="commit_when works with a handler or a batch_handler"):
+        Consumer(bus, topics=[topic], group="g", batch_handler=handle, pipeline_records=10, commit_when=durable)
+    producer.close()
+
+
+async def committed_offset(bus: BusConfig, group: str, topic: str) -> int | None:
+    """The offset ``group`` committed on partition 0 of ``topic`` (None: nothing yet)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    probe = AIOKafkaConsumer(**bus.aiokafka(group_id=bus.group_id(group), enable_auto_commit=False))
+    await probe.start()
+    try:
+        return await probe.committed(TopicPartition(topic, 0))
+    finally:
+        await probe.stop()
+
+
+async def _until_async(probe, expected, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while (got := await probe()) != expected:
+        assert time.monotonic() < deadline, f"got {got}, waited for {expected}"
+        await asyncio.sleep(0.1)
 
 
 def test_pipeline_records_needs_a_batch_handler(bus: BusConfig):

@@ -16,7 +16,7 @@ import yaml
 from dart.blobs import LocalBlobStore
 from dart.bus import Producer, read_topic
 from dart.events import BatchAssembled, TrainStepCompleted, WeightsPublished
-from dart.train.checkpoint import latest_checkpoint, read_state
+from dart.train.checkpoint import checkpoints, is_full, latest_checkpoint, read_state
 from tests.train.conftest import make_manifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,8 @@ BATCHES = 4
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
-def write_config(path: Path, *, tiny_dir: Path, store: LocalBlobStore, ckpt: Path, bus, name: str) -> Path:
+def write_config(path: Path, *, tiny_dir: Path, store: LocalBlobStore, ckpt: Path, bus, name: str,
+                 **train: object) -> Path:
     path.write_text(yaml.safe_dump({
         "bus": {"bootstrap": bus.bootstrap, "prefix": bus.prefix, "session_timeout_ms": 3000,
                 "heartbeat_interval_ms": 500},
@@ -35,6 +36,7 @@ def write_config(path: Path, *, tiny_dir: Path, store: LocalBlobStore, ckpt: Pat
             "optim": {"lr": 1e-3},
             "engine": {"micro_batch_samples": 4, "threads": 1, "device": "cpu"},
             "prompt": {"min_pixels": 4 * 28 * 28, "max_pixels": 4 * 28 * 28, "max_images": 2, "max_turns": 3},
+            **train,
         },
     }))
     return path
@@ -50,8 +52,11 @@ def wait_for_seq(ckpt: Path, seq: int, proc: subprocess.Popen, log: Path, timeou
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = latest_checkpoint(ckpt)
-        if found is not None and read_state(found).seq >= seq:
-            return
+        try:
+            if found is not None and read_state(found).seq >= seq:
+                return
+        except FileNotFoundError:  # removed as we read it: a resume drops the weights-only checkpoints after it
+            pass
         if proc.poll() is not None:
             pytest.fail(f"trainer exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         time.sleep(0.02)
@@ -151,6 +156,9 @@ async def test_a_trainer_at_max_updates_takes_no_more_batches_idles_and_a_higher
     write_config(config, tiny_dir=tiny_dir, store=store, ckpt=ckpt, bus=bus, name="trainer-c")
     capped = yaml.safe_load(config.read_text())
     capped["train"]["max_updates"] = 2
+    # Optimiser state every 3 updates: update 2 is weights only, and the capped trainer makes it
+    # a full checkpoint before it idles (its offsets were never committed).
+    capped["train"]["full_checkpoint_every"] = 3
     config.write_text(yaml.safe_dump(capped))
     proc = start(config, log)
     try:
@@ -161,7 +169,7 @@ async def test_a_trainer_at_max_updates_takes_no_more_batches_idles_and_a_higher
         stop(proc)
     assert proc.returncode == 0, log.read_text()[-3000:]
     state = read_state(latest_checkpoint(ckpt))
-    assert (state.step, state.seq) == (2, 1)
+    assert (state.step, state.seq) == (2, 1) and is_full(latest_checkpoint(ckpt))
     assert "max_updates=2 done: taking no more batches" in log.read_text()
 
     # The batches after the cap were left in the log: a higher cap takes exactly them.
@@ -174,3 +182,50 @@ async def test_a_trainer_at_max_updates_takes_no_more_batches_idles_and_a_higher
         stop(proc)
     state = read_state(latest_checkpoint(ckpt))
     assert (state.step, state.seq, state.version) == (4, 3, 4)
+
+
+async def test_a_trainer_killed_between_full_checkpoints_resumes_from_the_last_full_one_and_trains_the_rest_again(
+        bus, tiny_dir, tiny_policy, tmp_path) -> None:
+    """Optimiser state every 2 updates: B is SIGKILLed after update 3 (weights only), resumes from
+    update 2's full checkpoint, gets batch 2 again (its offset was never committed) and ends where
+    an uninterrupted A ends."""
+    from safetensors.torch import load_file
+
+    store = LocalBlobStore(tmp_path / "blobs")
+    await publish_batches(bus, store, tiny_policy, range(BATCHES - 1))
+    ckpt_a, ckpt_b = tmp_path / "ckpt-a", tmp_path / "ckpt-b"
+    cfg_a, cfg_b = (write_config(tmp_path / f"{n}.yaml", tiny_dir=tiny_dir, store=store, ckpt=c, bus=bus,
+                                 name=f"trainer-{n}", full_checkpoint_every=2, keep_checkpoints=1)
+                    for n, c in (("a", ckpt_a), ("b", ckpt_b)))
+    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
+    a, b = start(cfg_a, log_a), start(cfg_b, log_b)
+    try:
+        wait_for_seq(ckpt_b, BATCHES - 2, b, log_b)
+        b.kill()
+        b.wait()
+        assert [(p.name, is_full(p)) for p in checkpoints(ckpt_b)] == [("step-00000002", True),
+                                                                         ("step-00000003", False)]
+        await publish_batches(bus, store, tiny_policy, range(BATCHES - 1, BATCHES))
+        b = start(cfg_b, log_b)
+        wait_for_seq(ckpt_a, BATCHES - 1, a, log_a)
+        wait_for_seq(ckpt_b, BATCHES - 1, b, log_b)
+    finally:
+        stop(a)
+        stop(b)
+    assert a.returncode == 0 and b.returncode == 0, log_b.read_text()[-3000:]
+    assert "resuming from the full checkpoint step-00000002: weights-only step-00000003 removed" in log_b.read_text()
+
+    final_a, final_b = latest_checkpoint(ckpt_a), latest_checkpoint(ckpt_b)
+    assert read_state(final_a) == read_state(final_b)
+    assert (read_state(final_b).step, read_state(final_b).seq, read_state(final_b).version) == (4, 3, 4)
+    weights_a, weights_b = load_file(final_a / "model.safetensors"), load_file(final_b / "model.safetensors")
+    assert max(float((weights_a[k] - weights_b[k]).abs().max()) for k in weights_a) <= 1e-6
+    # Batch 2 was trained twice by B (before the kill and after), every other batch once.
+    steps = [e for e in await events_of(bus, bus.topics.metrics, "trainer-b") if isinstance(e, TrainStepCompleted)]
+    assert sorted(e.batch_id for e in steps) == ["batch-0", "batch-1", "batch-2", "batch-2", "batch-3"]
+    # Version 3 was published twice, the same weights both times (CPU, one thread: bit for bit).
+    by_version: dict[int, set[str]] = {}
+    for e in await events_of(bus, bus.topics.weights, "trainer-b"):
+        by_version.setdefault(e.version, set()).add(e.sha256)
+    reference = {e.version: {e.sha256} for e in await events_of(bus, bus.topics.weights, "trainer-a")}
+    assert by_version == reference and set(by_version) == set(range(BATCHES + 1))

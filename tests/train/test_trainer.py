@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,13 +13,16 @@ import torch
 from dart.agent.model import load_policy
 from dart.agent.weight_format import check_state_dict, state_dict_from_bytes, weights_sha256
 from dart.blobs import LocalBlobStore
+from dart.errors import ConfigError
 from dart.events.manifest import BatchManifest
 from dart.train.batch import collate, micro_batches, prepare_samples, step_mask
-from dart.train.checkpoint import checkpoints, read_state
+from dart.train.checkpoint import checkpoints, is_full, read_state
 from dart.train.config import EngineConfig, OptimConfig, TrainerConfig
 from dart.train.engine import ResponseScorer
 from dart.train.loss import LossConfig
+from dart.train.master_weights import LOW, SplitMasterAdamW
 from dart.train.trainer import Trainer
+from dart.train.weight_publish import put_weights
 from tests.train.conftest import SMALL, make_manifest
 
 
@@ -132,8 +136,10 @@ def test_published_weights_load_into_an_hf_model_and_change_its_outputs(tiny_dir
     torch.testing.assert_close(after, sample_logps(trainer.engine.policy, batch, store, tiny_policy))
 
 
-def test_a_restarted_trainer_resumes_weights_optimizer_and_position(tiny_dir, store, batch, tmp_path) -> None:
-    cfg = config(tiny_dir, store, tmp_path / "ckpt", keep_checkpoints=2)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_restarted_trainer_resumes_weights_optimizer_and_position(tiny_dir, store, batch, tmp_path, dtype) -> None:
+    cfg = config(tiny_dir, store, tmp_path / "ckpt", keep_checkpoints=2,
+                 engine=EngineConfig(micro_batch_samples=4, threads=1, dtype=dtype))
     first = Trainer(cfg, store)
     for seq in range(3):
         first.update(first.prepare(dataclasses.replace(batch, seq=seq, batch_id=f"b{seq}")))
@@ -143,8 +149,7 @@ def test_a_restarted_trainer_resumes_weights_optimizer_and_position(tiny_dir, st
     assert read_state(cfg.checkpoint_dir / "step-00000003").seq == 2
     second = Trainer(cfg, store)
     assert second.state == first.state
-    for name, value in first.engine.policy.state_dict().items():
-        assert torch.equal(value, second.engine.policy.state_dict()[name]), name
+    assert_same_training_state(first, second)
     # One more update from each gives the same weights: the optimiser moments came back too.
     nxt = dataclasses.replace(batch, seq=3, batch_id="b3")
     first.update(first.prepare(nxt))
@@ -152,6 +157,74 @@ def test_a_restarted_trainer_resumes_weights_optimizer_and_position(tiny_dir, st
     for name, value in first.engine.policy.state_dict().items():
         torch.testing.assert_close(value, second.engine.policy.state_dict()[name], atol=1e-6, rtol=0)
 
+
+def assert_same_training_state(first: Trainer, second: Trainer) -> None:
+    """Equal weights, and in bfloat16 equal float32 masters (each weight's low 16 bits came back
+    with the optimiser state, exactly)."""
+    for name, value in first.engine.policy.state_dict().items():
+        assert torch.equal(value, second.engine.policy.state_dict()[name]), name
+    optimizer = first.engine.optimizer
+    if isinstance(optimizer, SplitMasterAdamW):
+        params = dict(second.engine.policy.named_parameters())
+        for name, p in first.engine.policy.named_parameters():
+            master = optimizer.master(p)
+            assert torch.equal(master, second.engine.optimizer.master(params[name])), name
+            if p.grad is None and LOW in optimizer.state.get(p, {}):
+                assert not torch.equal(master, p.detach().float()), f"{name}: no low bits to restore"
+
+
+def test_between_full_checkpoints_a_restart_resumes_from_the_last_full_one_and_trains_the_rest_again(
+        tiny_dir, store, batch, tmp_path) -> None:
+    cfg = config(tiny_dir, store, tmp_path / "ckpt", keep_checkpoints=2, full_checkpoint_every=2,
+                 keep_full_checkpoints=1)
+    root = cfg.checkpoint_dir
+    batches = [dataclasses.replace(batch, seq=seq, batch_id=f"b{seq}") for seq in range(4)]
+    first = Trainer(cfg, store)
+    layouts = []
+    for b in batches[:3]:
+        first.update(first.prepare(b))
+        first.checkpoint()
+        layouts.append([(p.name, is_full(p)) for p in checkpoints(root)])
+        assert first.durable == is_full(first.last_checkpoint)
+    # Step 0 and 2 full, 1 and 3 weights only; the newest two kept, and the newest full one.
+    assert layouts == [[("step-00000000", True), ("step-00000001", False)],
+                       [("step-00000001", False), ("step-00000002", True)],
+                       [("step-00000002", True), ("step-00000003", False)]]
+    weights_only = root / "step-00000003"
+    assert sorted(p.name for p in weights_only.iterdir()) == ["SHA256SUMS", "config.json", "model.safetensors",
+                                                               "state.json"]
+    v3 = first.publish()  # a version is published from its weights-only checkpoint
+    assert v3.version == 3 and v3.sha256 == weights_sha256(put_weights(store, weights_only))
+
+    # Killed here: the restart takes step 2 (after batch b1), drops step 3 and trains b2 again.
+    second = Trainer(cfg, store)
+    assert (second.state.step, second.state.seq) == (2, 1) and second.durable
+    assert [p.name for p in checkpoints(root)] == ["step-00000002"]
+    assert (root / "latest").read_text().strip() == "step-00000002"
+    for b in batches[2:]:
+        assert not second.already_consumed(b)
+        second.update(second.prepare(b))
+    first.update(first.prepare(batches[3]))
+    assert second.state == first.state
+    for name, value in first.engine.policy.state_dict().items():
+        torch.testing.assert_close(value, second.engine.policy.state_dict()[name], atol=1e-6, rtol=0)
+
+    # A clean stop leaves a full checkpoint at the last update: nothing to train again.
+    second.checkpoint(full=False)
+    assert not is_full(second.last_checkpoint) and not second.durable
+    second.make_durable()
+    assert is_full(second.last_checkpoint) and second.last_checkpoint.name == "step-00000004" and second.durable
+    assert Trainer(cfg, store).state == second.state
+
+
+def test_a_checkpoint_dir_with_only_weights_only_checkpoints_is_refused(tiny_dir, store, batch, tmp_path) -> None:
+    cfg = config(tiny_dir, store, tmp_path / "ckpt", full_checkpoint_every=5)
+    trainer = Trainer(cfg, store)
+    trainer.update(trainer.prepare(batch))
+    trainer.checkpoint()
+    shutil.rmtree(cfg.checkpoint_dir / "step-00000000")
+    with pytest.raises(ConfigError, match=r"train\.checkpoint_dir .* 1 weights-only checkpoints and no full one"):
+        Trainer(cfg, store)
 
 
 def test_micro_batches_group_similar_lengths_and_keep_each_sample_and_its_mask(batch, store, tiny_policy) -> None:
