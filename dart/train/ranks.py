@@ -7,8 +7,8 @@ the manifest to the other ranks; every rank then
 1. computes the GRPO advantages over the whole manifest (cheap: rewards only),
 2. rebuilds the prompts of its own shard of the samples (manifest positions ``i % world == rank``,
    screenshots read from the blob store by that rank alone),
-3. shares which of them it kept and their rollout entropies (``all_gather_object``), so every rank
-   computes the same entropy step mask and selected-sample count as a one-rank trainer would,
+3. shares which of them it kept (``all_gather_object``), so every rank knows the kept-sample
+   count and order a one-rank trainer would have,
 4. runs forward/backward on its micro-batches with each loss divided by the *global* count, and
 5. steps: the torch engine all-reduces (sums) the gradients first (data parallel, DDP's
    semantics), DeepSpeed ZeRO reduces them itself (it averages, so each loss is multiplied by
@@ -48,8 +48,8 @@ from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Produce
 from dart.errors import ConfigError
 from dart.events import BatchAssembled, TrainStepCompleted
 from dart.events.manifest import BatchManifest
-from dart.train.advantages import BatchError, entropy_step_mask, group_advantages, length_weights
-from dart.train.batch import Dropped, micro_batches, pad_2d, prepare_samples
+from dart.train.advantages import BatchError, group_advantages, length_weights
+from dart.train.batch import Dropped, micro_batches, prepare_samples
 from dart.train.checkpoint import commit_checkpoint, latest_checkpoint
 from dart.train.config import EngineConfig, TrainerConfig
 from dart.train.engine import DeepSpeedEngine, Engine, TorchEngine
@@ -196,7 +196,7 @@ class RankTrainer(Trainer):
     # ------------------------------------------------------------ one batch
 
     def prepare(self, manifest: BatchManifest) -> Prepared:
-        """This rank's micro-batches; the advantages, drops and step mask of the whole batch."""
+        """This rank's micro-batches; the advantages, drops and sample count of the whole batch."""
         start = time.perf_counter()
         advantages = manifest_advantages(manifest, self.cfg.loss.step_weight)  # BatchError: same on every rank
         mine = [i for i in range(len(manifest.samples)) if i % self.world_size == self.rank]
@@ -206,30 +206,22 @@ class RankTrainer(Trainer):
                                         load_image=self.load_image, prompt_cfg=self.cfg.prompt, advantages=False)
         kept = [replace(s, advantage=advantages[position[(s.rollout_id, s.step_index)]]) for s in kept]
         shared: list[Any] = [None] * self.world_size
-        dist.all_gather_object(shared, ([position[(s.rollout_id, s.step_index)] for s in kept],
-                                        [s.entropies for s in kept], dropped))
+        dist.all_gather_object(shared, ([position[(s.rollout_id, s.step_index)] for s in kept], dropped))
         # The kept samples of every rank in manifest order: a one-rank trainer's kept list.
-        everyone = sorted((i, entropies) for indices, entropy_lists, _ in shared
-                          for i, entropies in zip(indices, entropy_lists, strict=True))
-        order = {i: k for k, (i, _) in enumerate(everyone)}
-        mask_all = entropy_step_mask(pad_2d([e for _, e in everyone], value=0.0, dtype=torch.float32),
-                                     pad_2d([[1.0] * len(e) for _, e in everyone], value=0.0, dtype=torch.float32),
-                                     self.cfg.loss.entropy_top_frac)
-        own_mask = torch.tensor([bool(mask_all[order[position[(s.rollout_id, s.step_index)]]]) for s in kept],
-                                dtype=torch.bool)
-        self.num_selected = int(mask_all.sum())
-        self.shard_sizes = [len(indices) for indices, _, _ in shared]
-        all_dropped: list[Dropped] = [d for _, _, ds in shared for d in ds]
+        everyone = sorted(i for indices, _ in shared for i in indices)
+        self.num_selected = len(everyone)
+        self.shard_sizes = [len(indices) for indices, _ in shared]
+        all_dropped: list[Dropped] = [d for _, ds in shared for d in ds]
         if self.rank == 0:
             for d in all_dropped:
                 log.warning("batch %s: dropped step %d of %s (%s: %s)", manifest.batch_id, d.step_index,
                             d.rollout_id, d.reason, d.detail)
-        batches = micro_batches(kept, own_mask, size=self.cfg.engine.micro_batch_samples, pad_id=self.pad_id)
+        batches = micro_batches(kept, size=self.cfg.engine.micro_batch_samples, pad_id=self.pad_id)
         if isinstance(self.engine, DeepSpeedEngine):
             batches = self._equal_counts(batches)
         log.info("rank %d: batch %s (seq %d): %d of %d samples kept on this rank, %d micro-batches",
                  self.rank, manifest.batch_id, manifest.seq, len(kept), len(mine), len(batches))
-        adv_B = torch.tensor([advantages[i] for i, _ in everyone], dtype=torch.float32)
+        adv_B = torch.tensor([advantages[i] for i in everyone], dtype=torch.float32)
         return Prepared(manifest=manifest, batches=batches, dropped=all_dropped, adv_B=adv_B,
                         prepare_s=time.perf_counter() - start)
 

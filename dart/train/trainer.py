@@ -27,7 +27,7 @@ from dart.blobs import BlobStore, open_store
 from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Producer, stop_on_signals
 from dart.events import BatchAssembled, TrainStepCompleted, WeightsPublished
 from dart.events.manifest import BatchManifest
-from dart.train.batch import Dropped, ModelBatch, micro_batches, prepare_samples, step_mask
+from dart.train.batch import Dropped, ModelBatch, micro_batches, prepare_samples
 from dart.train.checkpoint import TrainState, commit_checkpoint, latest_checkpoint, load_rng, read_state
 from dart.train.config import TrainerConfig
 from dart.train.engine import Engine, ReferencePolicy, build_engine
@@ -114,7 +114,7 @@ class Trainer:
         return False
 
     def prepare(self, manifest: BatchManifest) -> Prepared:
-        """Advantages, rebuilt prompts (mismatches dropped and logged), the entropy mask, micro-batches."""
+        """Advantages, rebuilt prompts (mismatches dropped and logged), micro-batches."""
         start = time.perf_counter()
         samples, dropped = prepare_samples(manifest, tokenizer=self.tokenizer,
                                            image_processor=self.image_processor, load_image=self.load_image,
@@ -122,8 +122,7 @@ class Trainer:
         for d in dropped:
             log.warning("batch %s: dropped step %d of %s (%s: %s)", manifest.batch_id, d.step_index,
                         d.rollout_id, d.reason, d.detail)
-        mask_B = step_mask(samples, self.cfg.loss.entropy_top_frac)
-        batches = micro_batches(samples, mask_B, size=self.cfg.engine.micro_batch_samples, pad_id=self.pad_id)
+        batches = micro_batches(samples, size=self.cfg.engine.micro_batch_samples, pad_id=self.pad_id)
         adv_B = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
         return Prepared(manifest=manifest, batches=batches, dropped=dropped, adv_B=adv_B,
                         prepare_s=time.perf_counter() - start)
