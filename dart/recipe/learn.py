@@ -40,7 +40,6 @@ from dart.recipe.episodes import Trajectory, evaluate, evaluate_async, rollout_g
 from dart.recipe.warmstart import Log, oracle_samples, warm_start
 from dart.rollout.hf_engine import HFEngine
 from dart.train.batch import micro_batches, prepare_samples
-from dart.train.config import EngineConfig
 from dart.train.engine import ReferencePolicy, TorchEngine
 from dart.train.update import apply_update
 
@@ -158,7 +157,7 @@ def run_recipe(cfg: Tree, workdir: str | Path, *, log: Log = print, warm: Path |
         f"(sft {out['sft_s']} s, eval {out['eval_warm_s']} s)")
 
     t0 = time.perf_counter()
-    engine = TorchEngine(policy.model, trainer.optim, EngineConfig(device="cpu", threads=trainer.engine.threads))
+    engine = TorchEngine(policy.model, trainer.optim, trainer.engine)
     ref = (ReferencePolicy(copy.deepcopy(policy.model), engine.device, engine.dtype)
            if trainer.loss.kl_coef > 0 else None)
     out.update(asyncio.run(rl_phase(policy, engine, ref, train, held_out, store=store, cfg=cfg, log=log)))

@@ -13,7 +13,7 @@ import json
 import random
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,6 @@ from dart.events.manifest import BatchManifest, Sample, step_contexts
 from dart.recipe.config import Recipe, Tree
 from dart.recipe.episodes import evaluate
 from dart.train.batch import prepare_samples
-from dart.train.config import EngineConfig, OptimConfig
 from dart.train.engine import TorchEngine
 from dart.train.sft import epoch_chunks, sft_step
 
@@ -131,8 +130,8 @@ def warm_start(cfg: Tree, workdir: Path, store: BlobStore, train: Sequence[dict[
                                     prompt_cfg=cfg.rollout.prompt, check_hash=True, advantages=False)
     if dropped:
         raise ConfigError(f"{len(dropped)} oracle samples do not rebuild ({dropped[0].reason}: {dropped[0].detail})")
-    engine = TorchEngine(policy.model, OptimConfig(lr=recipe.sft_lr, weight_decay=0.0),
-                         EngineConfig(device="cpu", threads=cfg.trainer.engine.threads))
+    # The trainer's optimiser and engine (weight decay off, its device and threads) at the SFT rate.
+    engine = TorchEngine(policy.model, replace(cfg.trainer.optim, lr=recipe.sft_lr), cfg.trainer.engine)
     rng = random.Random(recipe.seed)
     check = random.Random(f"{recipe.seed}:sft-check").sample(list(train), min(len(train), recipe.sft_check_episodes))
     size = min(recipe.sft_micro_batch, len(kept))

@@ -184,18 +184,9 @@ class StackConfig(RunConfig):
                     "the oracle experience pool is synthetic; set experience_tasks: 0")
         require(bool(self.run_id) and self.run_id.replace("-", "").replace("_", "").isalnum(), "run_id",
                 f"letters, digits, - and _ only, got {self.run_id!r}")
-        # Facts of the run every service is given: one key each, a service's own copy refused.
-        for name in ("env", "rollout", "trainer", "data"):
-            section = getattr(self, name)
-            require(section.run_id == self.run_id, f"{name}.run_id", "differs from run_id; set run_id (every service "
-                    "stamps it)")
-            require(section.blobs == str(self.workdir.resolve() / "blobs"), f"{name}.blobs",
-                    "differs from WORKDIR/blobs; set workdir (every service shares the run's blob store)")
-        # A sample whose prompt the trainer builds otherwise than the rollout worker did is dropped
-        # (samples/dropped_prompt_hash).
-        require(self.trainer.prompt == self.rollout.prompt, "trainer.prompt",
-                "differs from rollout.prompt; set rollout.prompt.* (the rollout workers, the trainer and the "
-                "warm start share it)")
+        for name, value, source, key in self.shared_facts():
+            require(value == getattr_path(self, source), name, f"differs from {source}; set {key} (one key, "
+                    "every service that needs it given it)")
         require(self.rollout.convention == "qwen2vl" or not self.writes_oracle_answers
                 or (self.rollout.prompt.min_pixels, self.rollout.prompt.max_pixels) == UITARS_PIXELS,
                 "rollout.convention", "qwen25vl's frame is rendered for UI-TARS' default pixel bounds only, and "
@@ -203,6 +194,43 @@ class StackConfig(RunConfig):
         if self.tasks.source == "synthetic":
             require(self.data.batcher.groups_per_batch <= self.recipe.train_tasks, "data.batcher.groups_per_batch",
                     f"must be <= recipe.train_tasks ({self.recipe.train_tasks})")
+
+    def shared_facts(self) -> list[tuple[str, Any, str, str]]:
+        """The facts of the run that more than one process holds, as (field, its value, the field it
+        must equal, the one key to set): each is set once, and a service's own different copy is
+        refused rather than left to drift."""
+        out = [(f"{name}.{fact}", getattr(getattr(self, name), fact), source, key)
+               for name in ("env", "rollout", "trainer", "data")
+               for fact, source, key in (("run_id", "run_id", "run_id"), ("blobs", "blob_dir", "workdir"))]
+        return [*out,
+                ("data.pipeline", self.data.pipeline, "pipeline", "pipeline"),
+                # the trainer stops itself at the budget the stack watches
+                ("trainer.max_updates", self.trainer.max_updates, "max_updates", "max_updates"),
+                ("trainer.seed", self.trainer.seed, "recipe.seed", "recipe.seed"),
+                # one policy: the trainer publishes versions of the weights the rollout workers start from
+                ("rollout.model", self.rollout.model, "policy_model", "warm_model"),
+                ("trainer.model", str(self.trainer.model), "policy_model", "warm_model"),
+                # a sample whose prompt the trainer builds otherwise than the rollout worker did is
+                # dropped (samples/dropped_prompt_hash); the warm start trains on it too
+                ("trainer.prompt", self.trainer.prompt, "rollout.prompt", "rollout.prompt.*"),
+                *([("env.xdesktop.downloads", self.env.xdesktop.downloads, "downloads", "tasks.downloads")]
+                  if self.osworld else [])]
+
+    @property
+    def blob_dir(self) -> str:
+        """The run's blob store, WORKDIR/blobs (absolute)."""
+        return str(self.workdir.resolve() / "blobs")
+
+    @property
+    def policy_model(self) -> str:
+        """The policy every service starts from (:func:`dart.recipe.preset.policy_dir`)."""
+        return str(policy_dir(self.recipe, workdir=self.workdir.resolve(), warm_model=self.warm_model,
+                              osworld=self.osworld))
+
+    @property
+    def downloads(self) -> str:
+        """The OSWorld download cache the env workers read (:func:`downloads_root`)."""
+        return str(downloads_root(self.tasks))
 
     @property
     def writes_oracle_answers(self) -> bool:
@@ -213,6 +241,12 @@ class StackConfig(RunConfig):
 
 UITARS_PIXELS = (PromptConfig.min_pixels, PromptConfig.max_pixels)
 """The pixel bounds of UI-TARS' prompt: the only ones the qwen25vl frame is rendered for."""
+def getattr_path(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig))
 
 

@@ -232,8 +232,6 @@ def warm_policy(cfg: StackConfig, workdir: Path, store: LocalBlobStore, train: l
         warm_dir = warm_start(cfg, workdir, store, train, log=say)
         summary["sft_s"] = round(time.monotonic() - t0, 1)
         say(f"warm start written to {warm_dir} in {summary['sft_s']} s")
-    if warm_dir != cfg.trainer.model:
-        say(f"the services start from {cfg.trainer.model} (trainer.model), not {warm_dir}")
     summary["warm_model"] = str(warm_dir)
     return warm_dir
 

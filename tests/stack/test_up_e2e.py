@@ -40,8 +40,8 @@ def test_a_short_run_trains_swaps_weights_and_replays_equal(broker, tmp_path):
         "run_id": "e2e", "workdir": str(tmp_path / "run"), "bootstrap": broker.bootstrap,
         "rl_minutes": 5, "max_updates": 2, "evaluate": True, "experience_tasks": 6,
         "recipe": {"train_tasks": 6, "eval_tasks": 30, "eval_episodes": 30, "sft_demos": 4, "sft_steps": 2,
-                   "tasks_per_update": 1, "group_size": 2, "max_new_tokens": 16,
                    "dev_tasks": 12, "check_every": 1},
+        "data": {"batcher": {"groups_per_batch": 1}, "curation": {"n_default": 2}, "scheduler": {"max_new_tokens": 16}},
         "env": {"slots": 4},
     }
     summary = up(build(StackConfig, raw))
