@@ -166,17 +166,31 @@ def test_the_entropy_step_fraction_has_one_key_the_data_manager_s() -> None:
     assert "entropy_top_frac" not in json.dumps(as_mapping(configs["trainer"][1]))
 
 
-def test_ppo_epochs_is_the_trainers_and_what_the_summary_records_is_what_the_trainer_ran() -> None:
-    from dart.stack.up import up
+def test_ppo_epochs_is_the_trainers_and_what_the_summary_records_is_what_the_trainer_ran(tmp_path: Path) -> None:
+    from dart.bus import BusConfig
+    from dart.stack.up import start_services
+
+    class Recorded:
+        """A supervisor that starts nothing: the specs it was given."""
+
+        def __init__(self) -> None:
+            self.specs: list[Any] = []
+
+        def start(self, spec: Any) -> None:
+            self.specs.append(spec)
 
     assert synthetic().trainer.ppo_epochs == 2  # configs/synthetic.yaml sets the trainer's key
-    cfg = synthetic({"trainer": {"ppo_epochs": 1}})
-    assert service_configs(cfg)["trainer"][1].ppo_epochs == 1
     with pytest.raises(ConfigError, match=r"^unknown field recipe\.ppo_epochs"):
         synthetic({"recipe": {"ppo_epochs": 1}})
-    # summary.json's record of the services is the objects their processes were given (see up()).
-    assert "summary[\"services\"] = {name: as_mapping(obj)" in Path(up.__code__.co_filename).read_text()
-    assert "ppo_epochs" not in json.dumps(as_mapping(cfg.recipe))
+    cfg = synthetic({"trainer": {"ppo_epochs": 1}, "workdir": str(tmp_path), "tensorboard": False})
+    (tmp_path / "config").mkdir()
+    supervisor = Recorded()
+    started = start_services(cfg, supervisor, tmp_path, BusConfig(bootstrap="127.0.0.1:9", prefix="t"))  # type: ignore[arg-type]
+    # what `dart up` puts in summary.json ("services") is the object each process reads from its file
+    recorded = {name: as_mapping(obj) for name, (_, obj) in started.items()}
+    assert recorded["trainer"]["ppo_epochs"] == 1
+    assert recorded["trainer"] == load_yaml(tmp_path / "config" / "trainer.yaml")["train"]
+    assert {spec.name for spec in supervisor.specs} == set(started)
 
 
 def test_the_convention_is_the_rollout_workers_and_the_warm_start_writes_in_it() -> None:

@@ -241,6 +241,8 @@ class StackConfig(RunConfig):
 
 UITARS_PIXELS = (PromptConfig.min_pixels, PromptConfig.max_pixels)
 """The pixel bounds of UI-TARS' prompt: the only ones the qwen25vl frame is rendered for."""
+
+
 def getattr_path(obj: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         obj = getattr(obj, part)

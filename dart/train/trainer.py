@@ -1,7 +1,7 @@
 """The trainer service: consume batches, update the policy, checkpoint, publish, report.
 
-``serve`` is the whole loop; ``Trainer`` holds the model, the engine and the training
-position and does the work of each line. A batch's effect is durable (checkpoint) before its
+``serve_batches`` is the whole loop (one rank's, or rank 0's of several: :mod:`dart.train.ranks`);
+``Trainer`` holds the model, the engine and the training position and does the work of each line. A batch's effect is durable (checkpoint) before its
 offset is committed, so a trainer killed at any point resumes with no batch lost or applied
 twice: batches with ``seq`` at or below the checkpoint's are skipped.
 """
@@ -9,11 +9,14 @@ twice: batches with ``seq`` at or below the checkpoint's are skipped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import logging
 import random
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,10 +184,47 @@ class _Signalled(asyncio.Event):
         self.set()
 
 
+Step = Callable[[BatchAssembled, BatchManifest, bytes], Awaitable[TrainStepCompleted | None]]
+"""One batch (its event, its manifest and the manifest's bytes): the update and its checkpoint; the
+report to send (None: nothing to train on). Raises TrainerHalted once the policy may have changed."""
+KeepAlive = Callable[[Callable[[], None]], AbstractAsyncContextManager[None]]
+"""What runs beside the loop while it serves, given a function that stops the loop (the ranks'
+ticks between batches); raising on exit halts the trainer."""
+
+
+def halted(trainer: Trainer, event: BatchAssembled, exc: BaseException, where: str = "") -> TrainerHalted:
+    return TrainerHalted(f"update on batch {event.batch_id} failed{where} ({type(exc).__name__}: {exc}); "
+                         f"restart the trainer: it resumes from {trainer.last_checkpoint}")
+
+
 async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
     """Run the trainer until SIGTERM/SIGINT; raises TrainerHalted when an update failed midway."""
     blobs = open_store(cfg.blobs)
     trainer = await asyncio.to_thread(Trainer, cfg, blobs)                     # resumes from its checkpoint
+
+    async def step(event: BatchAssembled, manifest: BatchManifest, body: bytes) -> TrainStepCompleted | None:
+        prepared = await asyncio.to_thread(trainer.prepare, manifest)           # nothing changed yet
+        try:
+            report = await asyncio.to_thread(trainer.update, prepared)          # the policy update
+            if report is not None:
+                await asyncio.to_thread(trainer.checkpoint)                     # durable before the commit
+            return report
+        except Exception as exc:
+            raise halted(trainer, event, exc) from exc
+
+    await serve_batches(trainer, bus, step)
+
+
+@contextlib.asynccontextmanager
+async def _nothing_beside(stop: Callable[[], None]) -> AsyncIterator[None]:
+    yield
+
+
+async def serve_batches(trainer: Trainer, bus: BusConfig, step: Step, keep_alive: KeepAlive = _nothing_beside) -> None:
+    """The trainer service's loop, one rank's or rank 0's of several (:func:`dart.train.ranks.serve_ranks`):
+    announce the weights, then for each batch the update (``step``), its version and its report,
+    until SIGTERM/SIGINT; after ``max_updates`` it takes no more batches and idles until stopped."""
+    cfg = trainer.cfg
     producer = Producer(bus, client_id=cfg.worker_id)
     if trainer.state.weights_are_version:                                      # v0, or re-announce after a crash
         await producer.send(await asyncio.to_thread(trainer.publish))
@@ -196,23 +236,21 @@ async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
         event = delivered.event
         if not isinstance(event, BatchAssembled) or trainer.already_consumed(event):
             return
-        manifest = BatchManifest.from_bytes(blobs.get(event.manifest_digest))  # I/O; bad -> dead letter
-        prepared = await asyncio.to_thread(trainer.prepare, manifest)           # nothing changed yet
+        body = trainer.blobs.get(event.manifest_digest)                        # I/O
+        manifest = BatchManifest.from_bytes(body)                              # bad -> dead letter, nothing ran
+        report = await step(event, manifest, body)                             # the update, durable
+        if report is None:
+            return
         try:
-            report = await asyncio.to_thread(trainer.update, prepared)          # the policy update
-            if report is None:
-                return
-            await asyncio.to_thread(trainer.checkpoint)                         # durable before the commit
             if trainer.state.weights_are_version:
-                await producer.send(await asyncio.to_thread(trainer.publish))   # rollout workers swap
+                await producer.send(await asyncio.to_thread(trainer.publish))  # rollout workers swap
             await producer.send(report)
-            if capped():
-                log.info("update %d of max_updates=%d done: taking no more batches, idle until stopped",
-                         trainer.state.step, cfg.max_updates)
-                consumer.stop()
         except Exception as exc:
-            raise TrainerHalted(f"update on batch {event.batch_id} failed ({type(exc).__name__}: {exc}); "
-                                f"restart the trainer: it resumes from {trainer.last_checkpoint}") from exc
+            raise halted(trainer, event, exc) from exc
+        if capped():
+            log.info("update %d of max_updates=%d done: taking no more batches, idle until stopped",
+                     trainer.state.step, cfg.max_updates)
+            consumer.stop()
 
     # A batch comes every several seconds: a fetch may wait long on the broker (a short wait is a
     # broker request 50 times a second for nothing).
@@ -220,13 +258,19 @@ async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
                         producer=producer, client_id=cfg.worker_id, fetch_max_wait_ms=SLOW_FETCH_WAIT_MS)
     signalled = _Signalled()
     stop_on_signals(consumer, signalled)
+
+    def stop() -> None:
+        consumer.stop()
+        signalled.stop()
+
     try:
-        if not capped():
-            # After the capping update the consumer commits it and stops: the batches after stay
-            # uncommitted in the log, for a run resumed with a higher cap.
-            await consumer.run()
-        if capped():  # idle rather than exit: a supervisor restarts a service that exits
-            await signalled.wait()
+        async with keep_alive(stop):
+            if not capped():
+                # After the capping update the consumer commits it and stops: the batches after stay
+                # uncommitted in the log, for a run resumed with a higher cap.
+                await consumer.run()
+            if capped():  # idle rather than exit: a supervisor restarts a service that exits
+                await signalled.wait()
     finally:
         await asyncio.to_thread(producer.flush)
         if "transfer" in vars(trainer):  # tell a weights group's workers (they rejoin the next trainer)

@@ -46,6 +46,10 @@ def test_a_short_run_trains_swaps_weights_and_replays_equal(broker, tmp_path):
     }
     summary = up(build(StackConfig, raw))
     assert summary["updates"] >= 2 and summary["policy_version"] >= 2
+    # The summary records what each service ran with: the object in its own file.
+    for name, section in (("trainer", "train"), ("data-manager", "data"), ("rollout-0", "rollout")):
+        assert summary["services"][name] == yaml.safe_load((tmp_path / "run" / "config" / f"{name}.yaml").read_text())[
+            section], name
     assert summary["trajectories"] > 0
     # Held-out success, overall and per instruction that >= 5 of the 30 held-out tasks share.
     assert summary["delta"] == pytest.approx(summary["rl_success"] - summary["warm_success"])
