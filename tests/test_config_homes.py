@@ -137,6 +137,15 @@ def test_the_root_and_the_recipe_give_no_config_class_a_literal_setting() -> Non
     assert not found, found
 
 
+def test_an_older_configs_moved_keys_are_refused_naming_their_home() -> None:
+    from dart.stack.config import MOVED
+
+    for old, new in MOVED.items():
+        with pytest.raises(ConfigError, match=rf"^{old}: moved to {new.split()[0]}"):
+            build(StackConfig, nested(old, 1))
+    assert not {old.split(".")[1] for old in MOVED if old.startswith("recipe.")} & {f.name for f in dataclasses.fields(Recipe)}
+
+
 def test_the_recipe_holds_nothing_a_service_holds() -> None:
     services: dict[str, type] = {}
     for cls in SERVICES.values():
@@ -156,9 +165,9 @@ def synthetic(*overrides: dict[str, Any]) -> StackConfig:
 
 
 def test_the_entropy_step_fraction_has_one_key_the_data_manager_s() -> None:
-    with pytest.raises(ConfigError, match=r"^unknown field trainer\.loss\.entropy_top_frac"):
+    with pytest.raises(ConfigError, match=r"^trainer\.loss\.entropy_top_frac: moved to data\.curation\.entropy_top_fraction"):
         synthetic({"trainer": {"loss": {"entropy_top_frac": 0.5}}})
-    with pytest.raises(ConfigError, match=r"^unknown field recipe\.loss"):
+    with pytest.raises(ConfigError, match=r"^recipe\.loss: moved to trainer\.loss"):
         synthetic({"recipe": {"loss": {"entropy_top_frac": 0.5}}})
     cfg = synthetic({"data": {"curation": {"entropy_top_fraction": 0.5}}})
     configs = service_configs(cfg)
@@ -180,7 +189,7 @@ def test_ppo_epochs_is_the_trainers_and_what_the_summary_records_is_what_the_tra
             self.specs.append(spec)
 
     assert synthetic().trainer.ppo_epochs == 2  # configs/synthetic.yaml sets the trainer's key
-    with pytest.raises(ConfigError, match=r"^unknown field recipe\.ppo_epochs"):
+    with pytest.raises(ConfigError, match=r"^recipe\.ppo_epochs: moved to trainer\.ppo_epochs .*; set trainer\.ppo_epochs$"):
         synthetic({"recipe": {"ppo_epochs": 1}})
     cfg = synthetic({"trainer": {"ppo_epochs": 1}, "workdir": str(tmp_path), "tensorboard": False})
     (tmp_path / "config").mkdir()
@@ -198,7 +207,7 @@ def test_the_convention_is_the_rollout_workers_and_the_warm_start_writes_in_it()
     from dart.agent.uitars import parse_actions
     from dart.recipe.warmstart import oracle_text
 
-    with pytest.raises(ConfigError, match=r"^unknown field recipe\.convention"):
+    with pytest.raises(ConfigError, match=r"^recipe\.convention: moved to rollout\.convention"):
         synthetic({"recipe": {"convention": "qwen25vl"}})
     # qwen25vl with the recipe's small screens: the warm start could not write it, refused at start-up
     with pytest.raises(ConfigError, match=r"^rollout\.convention: qwen25vl's frame"):

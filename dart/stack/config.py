@@ -152,6 +152,9 @@ class StackConfig(RunConfig):
     def config_defaults(cls, data: Mapping[str, Any]) -> dict[str, Any]:
         """What ``data`` (a config file, overrides laid over it) is laid over: the stack's
         defaults with the recipe's preset of the services (:func:`dart.recipe.preset.preset`)."""
+        for old, new in MOVED.items():
+            require(not has_path(data, old), old, f"moved to {new} (one key per setting, where its service reads it); "
+                    f"set {new}")
         run = build(RunConfig, {k: v for k, v in data.items() if k in RUN_FIELDS})
         workdir = run.workdir.resolve()
         osworld = run.tasks.source == "osworld"
@@ -241,6 +244,29 @@ class StackConfig(RunConfig):
 
 UITARS_PIXELS = (PromptConfig.min_pixels, PromptConfig.max_pixels)
 """The pixel bounds of UI-TARS' prompt: the only ones the qwen25vl frame is rendered for."""
+
+
+MOVED = {
+    "recipe.convention": "rollout.convention", "recipe.prompt": "rollout.prompt", "recipe.threads": "rollout.hf.threads "
+    "and trainer.engine.threads", "recipe.engine_batch": "rollout.hf.max_batch_size", "recipe.loss": "trainer.loss",
+    "recipe.rl_lr": "trainer.optim.lr", "recipe.weight_decay": "trainer.optim.weight_decay",
+    "recipe.max_grad_norm": "trainer.optim.max_grad_norm", "recipe.micro_batch": "trainer.engine.micro_batch_samples",
+    "recipe.ppo_epochs": "trainer.ppo_epochs", "recipe.ppo_minibatches": "trainer.ppo_minibatches",
+    "recipe.temperature": "data.scheduler.temperature", "recipe.top_p": "data.scheduler.top_p",
+    "recipe.max_new_tokens": "data.scheduler.max_new_tokens", "recipe.max_steps": "data.curation.max_steps",
+    "recipe.group_size": "data.curation.n_default", "recipe.tasks_per_update": "data.batcher.groups_per_batch",
+    "recipe.inject_experience": "data.curation.inject_experience with experience_tasks",
+    "trainer.loss.entropy_top_frac": "data.curation.entropy_top_fraction",
+}
+"""Keys of an older config and where each setting lives now (issue 55: one home per setting)."""
+
+
+def has_path(data: Mapping[str, Any], dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(data, Mapping) or part not in data:
+            return False
+        data = data[part]
+    return True
 
 
 def getattr_path(obj: Any, dotted: str) -> Any:
