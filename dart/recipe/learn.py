@@ -84,10 +84,9 @@ def batch_of(trajectories: Sequence[Trajectory], *, update: int, cfg: Tree, poli
             kept.append(GroupVerdict(group_id, task_id, tuple(outcomes)))
             continue
         pool: list[Outcome] = []
-        if curation.inject_experience and task_id in (tasks or {}) and all(o.reward < 1.0 for o in outcomes):
+        if curation.inject_experience and tasks and task_id in tasks and all(o.reward < 1.0 for o in outcomes):
             assert policy is not None and store is not None, "injecting experience needs the policy and the store"
-            oracle, oracle_steps = oracle_experience(tasks[task_id], group_id, policy, store, cfg,  # type: ignore[index]
-                                                     update=update)
+            oracle, oracle_steps = oracle_experience(tasks[task_id], group_id, policy, store, cfg, update=update)
             pool.append(oracle)
             steps[oracle.rollout_id] = oracle_steps
         verdict = judge_group(group_id, task_id, outcomes, pool=pool, current_version=update, cfg=curation)
