@@ -95,21 +95,22 @@ def stack_mapping(p: Point, mode: str, workdir: Path, args: argparse.Namespace) 
     return {
         "run_id": f"bench-{mode}", "workdir": str(workdir), "pipeline": mode, "rl_minutes": 60.0,
         "evaluate": False, "warm_model": str(args.warm_model),
-        # rl_lr: the paper's 1e-6 keeps the policy (and so its success rate and the share of
-        # mixed groups) the same through both runs: this measures the system, not learning.
-        # temperature / top_p: DART's rollout sampling; with them the warm start answers with
-        # well-formed clicks and solves ~40 % of the tasks, so most groups are mixed.
-        "recipe": {"train_tasks": SFT_DEMOS, "eval_tasks": 2, "sft_demos": SFT_DEMOS, "tasks_per_update": groups,
-                   "rl_lr": 1e-6,
-                   "temperature": 0.7, "top_p": 0.9,
-                   "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "max_steps": args.max_steps},
+        "recipe": {"train_tasks": SFT_DEMOS, "eval_tasks": 2, "sft_demos": SFT_DEMOS},
+        # lr: the paper's 1e-6 keeps the policy (and so its success rate and the share of mixed
+        # groups) the same through both runs: this measures the system, not learning.
+        "trainer": {"optim": {"lr": 1e-6}},
         "env": {"slots": p.slots, "heartbeat_s": 1.0, "synthetic": {"latency": p.latency(), "seed": 0}},
         "rollout": {"heartbeat_s": 1.0, "max_concurrency": max(16, p.slots)},
         # NOTE: the coupled data manager counts a finished round's groups without the experience
         # pool, so a round of all-fail groups is never batched there; injection is off in both
         # modes so that both keep exactly the naturally mixed groups.
-        "data": {"curation": {"inject_experience": args.inject},
-                 "scheduler": {"capacity_factor": args.queue_factor}},
+        # temperature / top_p: DART's rollout sampling; with them the warm start answers with
+        # well-formed clicks and solves ~40 % of the tasks, so most groups are mixed.
+        "data": {"curation": {"inject_experience": args.inject, "n_default": args.group_size,
+                              "max_steps": args.max_steps},
+                 "scheduler": {"capacity_factor": args.queue_factor, "temperature": 0.7, "top_p": 0.9,
+                               "max_new_tokens": args.max_new_tokens},
+                 "batcher": {"groups_per_batch": groups}},
     }
 
 
@@ -119,13 +120,17 @@ def warm_model(root: Path) -> Path:
     part of the tasks, so groups are mixed. A random-init model's answers parse as no action, so
     no env step would ever run."""
     from dart.blobs import LocalBlobStore
-    from dart.recipe.config import Recipe, make_tasks
+    from dart.config import build
+    from dart.recipe.config import make_tasks
     from dart.recipe.warmstart import warm_start
+    from dart.stack.config import StackConfig
 
-    recipe = Recipe(train_tasks=SFT_DEMOS, eval_tasks=2, sft_demos=SFT_DEMOS, sft_steps=SFT_STEPS, sft_target_success=None)
-    train, _ = make_tasks(recipe)
+    cfg = build(StackConfig, {"recipe": {"train_tasks": SFT_DEMOS, "eval_tasks": 2, "sft_demos": SFT_DEMOS,
+                                         "sft_steps": SFT_STEPS, "sft_target_success": None},
+                              "data": {"batcher": {"groups_per_batch": 1}}})
+    train, _ = make_tasks(cfg.recipe)
     with contextlib.redirect_stdout(sys.stderr):
-        return warm_start(recipe, root / "warm-start", LocalBlobStore(root / "warm-start" / "blobs"), train)
+        return warm_start(cfg, root / "warm-start", LocalBlobStore(root / "warm-start" / "blobs"), train)
 
 
 def dump_projection(chdb: Path) -> dict[str, list[dict[str, Any]]]:

@@ -39,9 +39,10 @@ def measure_run(workdir: Path, *, config: Path, dev_tasks: int, every: int) -> d
     summary = json.loads((workdir / "summary.json").read_text())
     own = workdir / "stack.yaml"
     data = yaml.safe_load((own if own.exists() else config).read_text())
-    recipe = build(StackConfig, data).recipe
-    recipe = dataclasses.replace(recipe, seed=int(summary.get("recipe", {}).get("seed", recipe.seed)),
+    cfg = build(StackConfig, data)
+    recipe = dataclasses.replace(cfg.recipe, seed=int(summary.get("recipe", {}).get("seed", cfg.recipe.seed)),
                                  dev_tasks=dev_tasks)
+    cfg = dataclasses.replace(cfg, recipe=recipe)
     _, held_out = make_tasks(recipe)
     dev = make_dev_tasks(recipe)
     published = {p.version: p for p in published_versions(workdir)}
@@ -50,8 +51,8 @@ def measure_run(workdir: Path, *, config: Path, dev_tasks: int, every: int) -> d
     for version in versions_to_check(list(published), every):
         policy = policy_at(Path(summary["warm_model"]), store, published[version])
         t0 = time.monotonic()
-        d = evaluate(policy, dev, len(dev), store=store, recipe=recipe, phase=100 + version)
-        h = evaluate(policy, held_out, len(held_out), store=store, recipe=recipe, phase=900 + version)
+        d = evaluate(policy, dev, len(dev), store=store, cfg=cfg, phase=100 + version)
+        h = evaluate(policy, held_out, len(held_out), store=store, cfg=cfg, phase=900 + version)
         rows.append({"version": version, "dev": d, "held_out": h})
         print(f"{workdir}: v{version} dev {100 * d:.1f} % held-out {100 * h:.1f} % "
               f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)

@@ -2,13 +2,14 @@
 
 Runs :func:`dart.recipe.learn.run_recipe` (tiny Qwen2.5-VL -> partial SFT on oracle
 demonstrations -> held-out eval -> step-wise GRPO -> held-out eval) in one process with the
-default :class:`~dart.recipe.config.Recipe`, and prints warm-start success, RL success, their
+default config tree (:class:`~dart.stack.config.StackConfig`: the recipe's preset of the
+services), and prints warm-start success, RL success, their
 difference, the episode count and the wall time of each phase.
 
     .venv/bin/python benchmarks/learnability.py [--workdir DIR] [--quick] [--set key=value ...]
 
-``--set`` overrides a top-level recipe field (JSON values: ``--set updates=10 --set rl_lr=1e-3``;
-``--set 'loss={"kl_coef": 0.1}'`` overrides fields of the loss).
+``--set`` overrides a field of the tree, dotted as `dart up`'s overrides (``--set recipe.updates=10
+--set trainer.optim.lr=1e-3 --set trainer.loss.kl_coef=0.1``).
 
 What was measured with it on the 2-core machine (2026-11-24; 200 held-out episodes, greedy).
 
@@ -26,7 +27,7 @@ got 19 updates: 0.590 -> 0.625, +3.5.
 2026-11-25, seed 1 (the seed `make run` gained little on), busy machine (load 5-15): from the
 same warm start (0.455), lr 3e-4 reached rollout success ~0.47 after 45 updates and held-out
 **0.655 (+20.0) after 80**; lr 6e-4 reached **0.640 (+18.5) after 45** (the new default:
-``--set seed=1 --set updates=45``); seeds 0 and 2 the same way: 0.440 -> 0.635 (+19.5) and
+``--set recipe.seed=1 --set recipe.updates=45``); seeds 0 and 2 the same way: 0.440 -> 0.635 (+19.5) and
 0.450 -> 0.615 (+16.5). So seed 1 was not stuck (entropy, zero-advantage groups,
 staleness and clipping were all ordinary in its `dart report`); it needed more updates than the
 stack's clock gave it.
@@ -88,32 +89,17 @@ DART's KL, damped or dropped negatives: -14.0 ... +1.5). Those runs are in this 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
-from dataclasses import fields, replace
 from pathlib import Path
 
-from dart.recipe.config import Recipe
+from dart.config import build, with_overrides
 from dart.recipe.learn import run_recipe
+from dart.stack.config import StackConfig
 
-QUICK = {"train_tasks": 8, "eval_tasks": 4, "sft_demos": 8, "sft_steps": 2, "updates": 2, "tasks_per_update": 2,
-         "group_size": 2, "eval_episodes": 8}
+QUICK = {"recipe": {"train_tasks": 8, "eval_tasks": 4, "sft_demos": 8, "sft_steps": 2, "updates": 2,
+                    "eval_episodes": 8},
+         "data": {"batcher": {"groups_per_batch": 2}, "curation": {"n_default": 2}}}
 """A smoke-test recipe (seconds): the pipeline runs, nothing is learned."""
-
-
-def parse_overrides(items: list[str]) -> dict[str, object]:
-    """``key=value`` pairs (values as JSON, else strings) for top-level scalar Recipe fields."""
-    known = {f.name for f in fields(Recipe)}
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in known:
-            raise SystemExit(f"--set wants key=value with a Recipe field, got {item!r} (fields: {sorted(known)})")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
 
 
 def main() -> int:
@@ -124,12 +110,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run instead of the recipe")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    overrides = parse_overrides(args.overrides)
-    if isinstance(overrides.get("loss"), dict):  # --set 'loss={"kl_coef": 0.1}': fields over the recipe's loss
-        overrides["loss"] = replace(Recipe().loss, **overrides["loss"])
-    recipe = replace(Recipe(), **(QUICK if args.quick else {}), **overrides)
+    cfg = build(StackConfig, with_overrides(QUICK if args.quick else {}, args.overrides))
     with tempfile.TemporaryDirectory(prefix="dart-learnability-") as tmp:
-        out = run_recipe(recipe, args.workdir or Path(tmp), warm=args.warm)
+        out = run_recipe(cfg, args.workdir or Path(tmp), warm=args.warm)
     print()
     print(f"warm-start success  {out['warm_success']:.3f}  ({out['eval_episodes']} held-out episodes)")
     print(f"RL success          {out['rl_success']:.3f}  ({out['eval_episodes']} held-out episodes)")

@@ -83,16 +83,15 @@ def variant_overrides(name: str, base: StackConfig, *, start: str = "full") -> d
         return {}
     full: dict[str, Any] = {"data": {"curation": {"inject_experience": True, "adaptive_max_steps": True}},
                             "experience_tasks": base.experience_tasks or FULL_EXPERIENCE_TASKS}
-    r = base.recipe
     curation = {
         "no_experience": {"inject_experience": False},
-        "no_dynamic_rollouts": {"n_min": r.group_size},
+        "no_dynamic_rollouts": {"n_min": base.data.curation.n_default},
         "no_dynamic_length": {"adaptive_max_steps": False},
+        "no_entropy_selection": {"entropy_top_fraction": 1.0},
     }
     loss = {
-        "no_entropy_selection": {"entropy_top_frac": 1.0},
         "no_tis": {"tis": "off"},
-        "no_clip_higher": {"eps_high": r.loss.eps_low},
+        "no_clip_higher": {"eps_high": base.trainer.loss.eps_low},
     }
     if name == "full":
         return full
@@ -104,7 +103,7 @@ def variant_overrides(name: str, base: StackConfig, *, start: str = "full") -> d
             out["experience_tasks"] = 0
         return out
     if name in loss:
-        return deep_merge(full, {"recipe": {"loss": loss[name]}})
+        return deep_merge(full, {"trainer": {"loss": loss[name]}})
     raise SystemExit(f"unknown variant {name!r} (known: preset, full, {', '.join(KNOBS)})")
 
 
@@ -112,13 +111,12 @@ def ablation_names(base: StackConfig) -> tuple[list[str], str | None]:
     """``--ablate``'s variants for this config, and why one was left out: clip-higher acts only
     with more than one optimiser step per batch (with one, the PPO ratio is exactly 1), so on a
     one-step recipe its variant would be the same run again."""
-    r = base.recipe
-    if r.ppo_epochs * r.ppo_minibatches > 1:
+    if base.trainer.clip_acts:
         return ["full", *KNOBS], None
     return ["full", *(k for k in KNOBS if k != "no_clip_higher")], (
         "no_clip_higher left out: this recipe takes one optimiser step per batch (ppo_epochs 1, "
         "ppo_minibatches 1), so the PPO ratio is exactly 1 and the clip range changes nothing; "
-        "ask for it with --variants to run it anyway, or set recipe.ppo_minibatches above 1")
+        "ask for it with --variants to run it anyway, or set trainer.ppo_minibatches above 1")
 
 
 def shown_path(path: Path) -> str:
@@ -188,7 +186,7 @@ def curve(workdir: Path, cfg: StackConfig, summary: dict[str, Any], *, points: i
             out.append((minutes, p.version, float(summary["rl_success"])))
             continue
         out.append((minutes, p.version, evaluate(policy_at(Path(summary["warm_model"]), store, p), held_out, episodes,
-                                                 store=store, recipe=cfg.recipe, phase=10 + p.version)))
+                                                 store=store, cfg=cfg, phase=10 + p.version)))
     return out
 
 
@@ -211,7 +209,7 @@ def fine_measure(workdir: Path, cfg: StackConfig, summary: dict[str, Any]) -> di
     for phase, (key, checkpoint) in enumerate((("warm", None), ("rl", latest_checkpoint(workdir / "checkpoints"))),
                                               start=1):
         evaluate(load_checkpoint_policy(Path(summary["warm_model"]), checkpoint), held_out,
-                 recipe.held_out_episodes, store=store, recipe=recipe, phase=phase, outcomes=outcomes[key])
+                 recipe.held_out_episodes, store=store, cfg=cfg, phase=phase, outcomes=outcomes[key])
     warm, rl = success(outcomes["warm"]), success(outcomes["rl"])
     gain = paired_gain(outcomes["warm"], outcomes["rl"])
     (workdir / "held_out.json").write_text(json.dumps({k: outcomes_to_json(v) for k, v in outcomes.items()}))
@@ -343,7 +341,7 @@ def main() -> int:
     p.add_argument("--stress", action="store_true", help="a CPU-heavy process on one core beside every run")
     p.add_argument("--max-updates", type=int, help="override the config's update budget")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config field, dotted (e.g. recipe.rl_lr=3e-4); repeatable")
+                   help="override one config field, dotted (e.g. trainer.optim.lr=3e-4); repeatable")
     p.add_argument("--curve-points", type=int, default=4, help="evaluated moments per run (warm start included)")
     p.add_argument("--curve-episodes", type=int,
                    help="held-out episodes per intermediate point (default: the recipe's eval_episodes, the "

@@ -56,14 +56,14 @@ def main() -> int:
         cells = []
         for tasks in (train, held_out):
             for temperature in (0.0, 1.0):
-                recipe = dataclasses.replace(cfg.recipe, eval_temperature=temperature)
-                cells.append(evaluate(policy, tasks, args.episodes, store=store, recipe=recipe, phase=99))
+                at = dataclasses.replace(cfg, recipe=dataclasses.replace(cfg.recipe, eval_temperature=temperature))
+                cells.append(evaluate(policy, tasks, args.episodes, store=store, cfg=at, phase=99))
                 print(f"[policy_gap] {label}: {len(cells)} of 4", file=sys.stderr, flush=True)
         rows.append((label, cells))
         if args.by_instruction:
-            greedy = dataclasses.replace(cfg.recipe, eval_temperature=0.0)
+            greedy = dataclasses.replace(cfg, recipe=dataclasses.replace(cfg.recipe, eval_temperature=0.0))
             outcomes: list[tuple[dict, bool]] = []
-            evaluate(policy, held_out, len(held_out), store=store, recipe=greedy, phase=99, outcomes=outcomes)
+            evaluate(policy, held_out, len(held_out), store=store, cfg=greedy, phase=99, outcomes=outcomes)
             split_rows.append(success_by_instruction(outcomes, min_tasks=1))
     print(f"{args.run}: {args.episodes} episodes per number")
     print("| policy | train, greedy | train, T=1 | held-out, greedy | held-out, T=1 |")

@@ -89,14 +89,15 @@ def held_out_at(runs: list[Path], version: int) -> None:
     from dart.recipe.measure import paired_gain, success
     from dart.stack.config import StackConfig
 
-    recipe = build(StackConfig, load_yaml(runs[0] / "stack.yaml")).recipe
-    recipe = dataclasses.replace(recipe, eval_tasks=Recipe().eval_tasks, eval_episodes=None)
+    cfg = build(StackConfig, load_yaml(runs[0] / "stack.yaml"))
+    recipe = dataclasses.replace(cfg.recipe, eval_tasks=Recipe().eval_tasks, eval_episodes=None)
+    cfg = dataclasses.replace(cfg, recipe=recipe)
     _, held_out = make_tasks(recipe)
     outcomes = []
     for run in runs:
         out: list[tuple[dict[str, Any], bool]] = []
         evaluate(policy_at(run, version), held_out, recipe.held_out_episodes, store=LocalBlobStore(run / "blobs"),
-                 recipe=recipe, phase=2, outcomes=out)
+                 cfg=cfg, phase=2, outcomes=out)
         outcomes.append(out)
         print(f"{run.name} at version {version}: {success(out).points()} over {success(out).tasks} tasks", flush=True)
     print(f"B - A at version {version}: {paired_gain(outcomes[0], outcomes[1]).points(signed=True)} points (paired)")

@@ -41,7 +41,7 @@ from dart.config import build
 from dart.env.episode import Episode
 from dart.env.synthetic import SyntheticBackend
 from dart.events import Sampling
-from dart.recipe.config import Recipe, make_tasks
+from dart.recipe.config import make_tasks
 from dart.recipe.episodes import evaluate
 from dart.recipe.warmstart import demo_tasks, manifest_of, oracle_samples, shuffled_chunks
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig
@@ -63,16 +63,16 @@ class _Watched(SyntheticBackend):
         return obs
 
 
-async def first_clicks(policy: Policy, tasks: list[dict], store: BlobStore, recipe: Recipe) -> list[bool]:
+async def first_clicks(policy: Policy, tasks: list[dict], store: BlobStore, cfg: StackConfig) -> list[bool]:
     """Per task: does the greedy first answer turn the first page (or finish the task)? One step
     of the episode loop (:class:`dart.env.episode.Episode`) with the greedy policy as its actor."""
     engine = HFEngine(policy, HFEngineConfig(max_batch_size=64))
-    greedy = Sampling(temperature=0.0, top_p=1.0, max_new_tokens=recipe.max_new_tokens, seed=1)
+    greedy = Sampling(temperature=0.0, top_p=1.0, max_new_tokens=cfg.data.scheduler.max_new_tokens, seed=1)
 
     async def one(task: dict) -> bool:
         backend = _Watched()
-        actor = EngineActor(engine, load_image=blob_image_loader(store), prompt=recipe.prompt,
-                            convention=recipe.convention, sampling=lambda _: greedy)
+        actor = EngineActor(engine, load_image=blob_image_loader(store), prompt=cfg.rollout.prompt,
+                            convention=cfg.rollout.convention, sampling=lambda _: greedy)
         try:
             await Episode(task=task, instruction=task["instruction"], backend=backend, max_steps=1).run(
                 actor, store=store)
@@ -109,14 +109,15 @@ def main() -> None:
     cfg = build(StackConfig, yaml.safe_load(args.config.read_text()))
     recipe = dataclasses.replace(cfg.recipe, seed=args.seed, sft_lr=args.lr or cfg.recipe.sft_lr,
                                  sft_micro_batch=args.micro_batch or cfg.recipe.sft_micro_batch)
+    cfg = dataclasses.replace(cfg, recipe=recipe)
     print(f"{args.config} seed {args.seed}: SFT lr {recipe.sft_lr}, {recipe.sft_micro_batch} samples a step", flush=True)
     train, held = make_tasks(recipe)
     with tempfile.TemporaryDirectory() as tmp:
         store = LocalBlobStore(Path(tmp) / "blobs")
         policy = load_policy(build_tiny(Path(tmp) / "init", seed=recipe.seed, size=recipe.model))
-        demos = oracle_samples(demo_tasks(train, recipe), policy, store, recipe)
+        demos = oracle_samples(demo_tasks(train, recipe), policy, store, cfg)
         kept, _ = prepare_samples(manifest_of(demos, 0), tokenizer=policy.tokenizer, image_processor=policy.image_processor,
-                                  load_image=blob_image_loader(store), prompt_cfg=recipe.prompt, check_hash=True,
+                                  load_image=blob_image_loader(store), prompt_cfg=cfg.rollout.prompt, check_hash=True,
                                   advantages=False)
         engine = TorchEngine(policy.model, OptimConfig(lr=recipe.sft_lr, weight_decay=0.0),
                              EngineConfig(device="cpu", threads=args.threads))
@@ -127,8 +128,8 @@ def main() -> None:
             losses.append(sft_step(engine, chunk, policy.pad_token_id))
             if (step >= args.start and step % args.every == 0) or step == args.steps:
                 policy.model.eval()
-                right = asyncio.run(first_clicks(policy, probe, store, recipe))
-                success = evaluate(policy, held, args.episodes, store=store, recipe=recipe, phase=-step)
+                right = asyncio.run(first_clicks(policy, probe, store, cfg))
+                success = evaluate(policy, held, args.episodes, store=store, cfg=cfg, phase=-step)
                 policy.model.train()
                 by = collections.defaultdict(list)
                 for task, ok in zip(probe, right, strict=True):

@@ -72,13 +72,13 @@ def test_load_yaml_refuses_non_mappings(tmp_path):
 def test_a_partial_mapping_changes_only_the_fields_it_names_of_a_configured_default():
     from dart.stack.config import StackConfig
 
-    cfg = build(StackConfig, {"recipe": {"loss": {"tis": "off"}, "model": {"num_hidden_layers": 3}}})
+    cfg = build(StackConfig, {"trainer": {"loss": {"tis": "off"}}, "recipe": {"model": {"num_hidden_layers": 3}}})
     # the recipe's own loss (KL off, negatives halved) stays; only tis changes
-    assert cfg.recipe.loss.tis == "off"
-    assert cfg.recipe.loss.kl_coef == 0.0 and cfg.recipe.loss.negative_scale == 0.5
+    assert cfg.trainer.loss.tis == "off"
+    assert cfg.trainer.loss.kl_coef == 0.0 and cfg.trainer.loss.negative_scale == 0.5
     assert cfg.recipe.model.rope_theta == 3.0 and cfg.recipe.model.num_hidden_layers == 3
-    with pytest.raises(ConfigError, match=r"recipe\.loss\.tis"):
-        build(StackConfig, {"recipe": {"loss": {"tis": "sometimes"}}})
+    with pytest.raises(ConfigError, match=r"trainer\.loss\.tis"):
+        build(StackConfig, {"trainer": {"loss": {"tis": "sometimes"}}})
 
 
 def test_a_union_field_is_named_without_pydantics_branch_tags():

@@ -119,7 +119,7 @@ def test_a_bad_value_names_the_key_and_the_value(tmp_path, capsys):
 
 
 def test_overrides_parse_values_as_a_config_file_would():
-    assert parse_override("recipe.rl_lr=3e-4") == {"recipe": {"rl_lr": 3e-4}}
+    assert parse_override("trainer.optim.lr=3e-4") == {"trainer": {"optim": {"lr": 3e-4}}}
     assert parse_override("env.slots=32") == {"env": {"slots": 32}}
     assert parse_override("warm_model=null") == {"warm_model": None}
     assert parse_override("recipe.sft_templates=[a, b]") == {"recipe": {"sft_templates": ["a", "b"]}}

@@ -138,13 +138,16 @@ class SchedulerConfig:
 
     enabled: bool = True
     """Emit rollout requests (False: project and batch only)."""
-    interval_s: float = 1.0
-    """Seconds between scheduling passes."""
+    interval_s: float = 1.5
+    """Seconds between scheduling passes. A pass is a few curation queries (0.3-0.5 s on the store
+    thread late in a `make run` on 2 busy cores): at 0.5 s the data manager took ~55 % of a core
+    that the rollout worker and the trainer need."""
     capacity: int | None = None
     """Env slots; None sums `slots` of live env worker heartbeats."""
-    capacity_factor: float = 1.5
-    """In-flight rollouts <= capacity * factor (a little queue keeps slots busy), unless
-    ``refill_cycles`` asks for more."""
+    capacity_factor: float = 3.0
+    """In-flight rollouts <= capacity * factor (a queue keeps slots busy between two passes),
+    unless ``refill_cycles`` asks for more. At 2x the slots ran dry between two 1.5 s passes late
+    in a `make run` (engine batches fell from ~20 rows to 3)."""
     refill_cycles: float = 3.0
     """The queue must last this many scheduling cycles (the measured time between two passes'
     plans, at least ``interval_s``) at the rate the slots lately finished rollouts: in-flight
@@ -194,8 +197,9 @@ class BatcherConfig:
 
     enabled: bool = True
     """Assemble batches (False: project and schedule only)."""
-    interval_s: float = 1.0
-    """Seconds between batching passes."""
+    interval_s: float = 1.5
+    """Seconds between batching passes (a pass is curation queries too: see
+    ``SchedulerConfig.interval_s``)."""
     groups_per_batch: int = 6
     """Kept groups (tasks) per batch (DART: 6-8)."""
     min_group_size: int = 2

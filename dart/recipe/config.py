@@ -1,22 +1,25 @@
-"""The run recipe: every knob of the learning run (model, tasks, prompt, warm start, RL) in one
-frozen config, and the tasks it draws.
+"""The run recipe's own knobs (model, tasks, warm start, dev check, evaluation) and the tasks it draws.
 
-``dart up`` reads it from a config file's ``recipe:`` section; the one-process run
-(:mod:`dart.recipe.learn`), the warm start (:mod:`dart.recipe.warmstart`) and evaluation
-(:mod:`dart.recipe.episodes`) all take it. Defaults are the recipe that learns.
+A recipe is not a second schema of the services: what a service holds (the trainer's loss and
+optimiser, the rollout workers' prompt and convention, the data manager's curation and
+sampling) lives in that service's config, in the run's config tree
+(:class:`dart.stack.config.StackConfig`), and the recipe's choices for it are a preset of that
+tree (:func:`dart.recipe.preset.preset`). :class:`Recipe` holds only what no service holds;
+the in-process parts (warm start, evaluation, the one-process learner) read the rest from the
+tree (:class:`Tree`). Defaults are the recipe that learns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Protocol
 
-from dart.agent.prompt import PromptConfig
 from dart.agent.tiny import TinySize
 from dart.config import require
-from dart.data.config import CurationConfig
+from dart.data.config import DataConfig
 from dart.env.synthetic import generate_tasks
-from dart.train.loss import LossConfig
+from dart.rollout.config import RolloutWorkerConfig
+from dart.train.config import TrainerConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,10 +32,6 @@ class Recipe:
     """Size of the tiny random-weight Qwen2.5-VL. A low rotary base with t/h/w interleaved is
     what lets it tell where a button is: with Qwen's default (base 1e6, contiguous sections)
     the width axis turns by ~2e-4 rad per position and SFT never grounded (see the benchmark)."""
-    threads: int = 1
-    """torch CPU threads of the trainer and the rollout workers (1: on a shared 2-core machine more
-    threads fight over the cores and run slower, not faster; `benchmarks/rollout_throughput.py
-    --threads 2 1` beside a running `make run` measures it)."""
     preset: str = "tiny"
     """Synthetic task preset."""
     train_tasks: int = 400
@@ -53,17 +52,6 @@ class Recipe:
     ends keeps its peak, chosen without looking at the held-out tasks (0: the last policy)."""
     check_every: int = 15
     """Updates between two dev checks (with ``dev_tasks``)."""
-    max_steps: int = 3
-    """Policy turns per episode (the oracle needs 1-2 on 'tiny')."""
-    prompt: PromptConfig = field(default_factory=lambda: PromptConfig(template="compact", min_pixels=112 * 112))
-    """Prompt builder settings (the rollout workers and the trainer must use the same). The
-    compact template (instruction alone) and screens kept at their own 112 x 112 size (16 image
-    tokens instead of the 100 that UI-TARS' 280 x 280 minimum makes) make a step a few times
-    shorter: an SFT step costs a fraction as much, and it grounds as fast per step."""
-    convention: Literal["qwen25vl", "qwen2vl"] = "qwen2vl"
-    """Coordinate convention of the answers (the rollout workers' ``convention``): qwen2vl's
-    0-1000 frame does not depend on the prompt's pixel bounds (qwen25vl's resized-pixel frame
-    is only rendered for UI-TARS' default bounds)."""
     thought: str | None = None
     """Thought line of the oracle answers (None: ``Action: ...`` only, ~13 tokens)."""
     sft_demos: int = 400
@@ -95,42 +83,8 @@ class Recipe:
     """Samples per SFT optimiser step."""
     updates: int = 80
     """RL policy updates."""
-    tasks_per_update: int = 64
-    """Tasks (GRPO groups) rolled out per update. Many tasks and one clean optimiser step per
-    update is what learns here: with 16 tasks, or one batch cut into 8 PPO mini-batches, each
-    Adam step saw a few noisy samples and success wandered (see benchmarks/learnability.py)."""
-    group_size: int = 8
-    """Rollouts per task."""
-    rl_lr: float = 6e-4
-    """AdamW learning rate of RL (the paper's 1e-6 moves a random-init tiny model nowhere). 6e-4
-    reaches in the updates that fit ``make run``'s time about the gain 3e-4 reaches in nearly twice
-    as many (`benchmarks/learning.py --set recipe.rl_lr=3e-4` measures the other side)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay of RL."""
-    max_grad_norm: float = 2.0
-    """Gradient clip of RL."""
-    micro_batch: int = 16
-    """Samples per forward/backward of the RL update."""
-    ppo_epochs: int = 1
-    """Passes over each RL batch (PPO-style reuse; 1: one pass)."""
-    ppo_minibatches: int = 1
-    """Optimiser steps per pass: the batch's micro-batches dealt into this many mini-batches
-    (1: one step on the whole batch)."""
-    temperature: float = 1.0
-    """Rollout sampling temperature."""
-    top_p: float = 1.0
-    """Rollout nucleus."""
-    max_new_tokens: int = 24
-    """Longest response (the oracle's answers are ~14 tokens with the stop token)."""
-    loss: LossConfig = field(default_factory=lambda: LossConfig(kl_coef=0.0, negative_scale=0.5))
-    """Step-wise GRPO loss (DART clip-higher, dual clip, TIS; KL off and negative advantages
-    halved here: at full weight the pushed-down failures flatten this small policy's logits)."""
     drop_uniform_groups: bool = True
     """Leave out groups whose trajectories all got the same reward (their advantage is 0)."""
-    inject_experience: bool = False
-    """DART's experience pool: a group whose rollouts all failed gets the task's oracle solution
-    (reward 1, flagged for the loss's SFT term), as the data manager does with
-    ``curation.inject_experience`` and ``dart up``'s ``experience_tasks``."""
     eval_episodes: int | None = None
     """Held-out episodes per evaluation, cycling through the held-out tasks (None: one per task;
     greedy answers are the same every time, so more episodes of the same tasks add nothing)."""
@@ -139,8 +93,6 @@ class Recipe:
     eval_every: int = 0
     """One-process runs (``run_recipe``): held-out success every this many updates as well, a curve
     to tell a trend from the spread of one end point (each costs a held-out evaluation; 0: off)."""
-    engine_batch: int = 64
-    """Most prompts the hf engine answers in one generate call."""
 
     @property
     def held_out_episodes(self) -> int:
@@ -149,8 +101,8 @@ class Recipe:
 
     def __post_init__(self) -> None:
         require(self.dev_tasks >= 0, "dev_tasks", f"must be >= 0, got {self.dev_tasks}")
-        for name in ("train_tasks", "eval_tasks", "check_every", "max_steps", "sft_micro_batch", "tasks_per_update",
-                     "group_size", "micro_batch", "sft_check_every", "sft_check_episodes", "ppo_epochs", "ppo_minibatches", "max_new_tokens", "engine_batch", "threads"):
+        for name in ("train_tasks", "eval_tasks", "check_every", "sft_micro_batch", "sft_check_every",
+                     "sft_check_episodes"):
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         require(0 <= self.sft_demos <= self.train_tasks, "sft_demos",
                 f"must be in [0, train_tasks={self.train_tasks}], got {self.sft_demos}")
@@ -160,27 +112,25 @@ class Recipe:
         require(self.updates >= 0, "updates", f"must be >= 0, got {self.updates}")
         require(self.sft_steps >= 0, "sft_steps", f"must be >= 0, got {self.sft_steps}")
         require(self.sft_steps == 0 or self.sft_demos >= 1, "sft_demos", "SFT steps need >= 1 demonstration")
-        require(self.group_size >= 2, "group_size", f"GRPO needs >= 2 rollouts per task, got {self.group_size}")
-        require(self.tasks_per_update <= self.train_tasks, "tasks_per_update", "must be <= train_tasks")
         require(self.sft_fine_check_every is None or self.sft_fine_check_every >= 1, "sft_fine_check_every",
                 f"must be >= 1 or null, got {self.sft_fine_check_every}")
         require(self.sft_target_success is None or 0.0 < self.sft_target_success <= 1.0, "sft_target_success",
                 f"must be in (0, 1] or null, got {self.sft_target_success}")
 
+class Tree(Protocol):
+    """The parts of a run's config tree (:class:`dart.stack.config.StackConfig`) that the warm start,
+    evaluation and the one-process learner read: each fact where its service holds it."""
 
-def curation_section(recipe: Recipe) -> dict[str, Any]:
-    """The data manager's ``curation`` settings for this recipe: ``dart up`` writes them into the
-    data manager's config, and the one-process learner judges its groups and builds its batches
-    with them (:func:`curation_config`), so both curate alike. Rewards here are 0 or 1: a success
-    is a full reward; every failed trajectory counts, however short (episodes are a few steps)."""
-    return {"n_default": recipe.group_size, "max_steps": recipe.max_steps, "min_steps": min(2, recipe.max_steps),
-            "success_threshold": 1.0, "min_failed_steps": 0,
-            "entropy_top_fraction": recipe.loss.entropy_top_frac}
-
-
-def curation_config(recipe: Recipe) -> CurationConfig:
-    """:func:`curation_section` as the config, with the recipe's experience injection."""
-    return CurationConfig(**curation_section(recipe), inject_experience=recipe.inject_experience)
+    @property
+    def recipe(self) -> Recipe: ...
+    @property
+    def rollout(self) -> RolloutWorkerConfig: ...
+    @property
+    def trainer(self) -> TrainerConfig: ...
+    @property
+    def data(self) -> DataConfig: ...
+    @property
+    def experience_tasks(self) -> int: ...
 
 
 def make_tasks(recipe: Recipe) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -23,11 +23,11 @@ from dart.env.episode import Episode
 from dart.env.synthetic import SyntheticBackend
 from dart.events import Sampling
 from dart.events.manifest import Sample
-from dart.rollout.hf_engine import HFEngine, HFEngineConfig
+from dart.rollout.hf_engine import HFEngine
 
 if TYPE_CHECKING:
     from dart.agent.model import Policy
-    from dart.recipe.config import Recipe
+    from dart.recipe.config import Tree
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,13 +55,15 @@ def sampling_seed(*parts: int) -> int:
     return random.Random(":".join(map(str, parts))).getrandbits(31)
 
 
-async def run_episode(engine: Generator, task: dict[str, Any], *, store: BlobStore, recipe: Recipe,
+async def run_episode(engine: Generator, task: dict[str, Any], *, store: BlobStore, cfg: Tree,
                       sampling: Callable[[int], Sampling], group_id: str, rollout_id: str) -> Trajectory:
-    """One trajectory of ``task``; ``sampling(i)`` gives turn i's sampling parameters."""
-    actor = EngineActor(engine, load_image=blob_image_loader(store), prompt=recipe.prompt,
-                        convention=recipe.convention, sampling=sampling)
+    """One trajectory of ``task`` as the run's rollout workers play it (their prompt and convention,
+    the data manager's step cap); ``sampling(i)`` gives turn i's sampling parameters."""
+    actor = EngineActor(engine, load_image=blob_image_loader(store), prompt=cfg.rollout.prompt,
+                        convention=cfg.rollout.convention, sampling=sampling)
     backend = SyntheticBackend()
-    episode = Episode(task=task, instruction=task["instruction"], backend=backend, max_steps=recipe.max_steps)
+    episode = Episode(task=task, instruction=task["instruction"], backend=backend,
+                      max_steps=cfg.data.curation.max_steps)
     try:
         await episode.run(actor, store=store)
     finally:
@@ -77,13 +79,14 @@ async def run_episode(engine: Generator, task: dict[str, Any], *, store: BlobSto
 
 
 async def evaluate_async(engine: Generator, tasks: Sequence[dict[str, Any]], episodes: int, *, store: BlobStore,
-                         recipe: Recipe, phase: int = 0, outcomes: list[tuple[dict[str, Any], bool]] | None = None
+                         cfg: Tree, phase: int = 0, outcomes: list[tuple[dict[str, Any], bool]] | None = None
                          ) -> float:
     """Held-out success rate over ``episodes`` concurrent episodes (tasks cycled) at the eval temperature;
     ``outcomes``, when given, gets each episode's (task, solved)."""
     def sampling_of(e: int) -> Callable[[int], Sampling]:
-        return lambda i: Sampling(temperature=recipe.eval_temperature, top_p=1.0,
-                                  max_new_tokens=recipe.max_new_tokens, seed=sampling_seed(recipe.seed, phase, e, i))
+        return lambda i: Sampling(temperature=cfg.recipe.eval_temperature, top_p=1.0,
+                                  max_new_tokens=cfg.data.scheduler.max_new_tokens,
+                                  seed=sampling_seed(cfg.recipe.seed, phase, e, i))
 
     schedule = eval_schedule(tasks, episodes)
     bar = progress(total=len(schedule), desc="evaluation", unit="episode")
@@ -95,7 +98,7 @@ async def evaluate_async(engine: Generator, tasks: Sequence[dict[str, Any]], epi
             bar.update(1)
 
     trajectories = await asyncio.gather(*(
-        counted(run_episode(engine, task, store=store, recipe=recipe, sampling=sampling_of(e), group_id=f"eval:{e}",
+        counted(run_episode(engine, task, store=store, cfg=cfg, sampling=sampling_of(e), group_id=f"eval:{e}",
                             rollout_id=f"eval:{phase}:{e}"))
         for e, task in enumerate(schedule)))
     bar.close()
@@ -121,15 +124,16 @@ def success_by_instruction(outcomes: Sequence[tuple[dict[str, Any], bool]], *, m
 
 
 def evaluate(policy: Policy, tasks: Sequence[dict[str, Any]], episodes: int, *, store: BlobStore,
-             recipe: Recipe, phase: int = 0, outcomes: list[tuple[dict[str, Any], bool]] | None = None) -> float:
+             cfg: Tree, phase: int = 0, outcomes: list[tuple[dict[str, Any], bool]] | None = None) -> float:
     """:func:`evaluate_async` with a fresh ``hf`` engine over ``policy`` (blocking)."""
     async def main() -> float:
-        # the recipe's torch threads, as every service of the run: `dart up` evaluating a given warm
-        # start (no SFT before it to set them) ran on torch's default of one thread per core, and
-        # on a loaded 2-core machine its threads fought over the cores: minutes where one thread takes seconds
-        engine = HFEngine(policy, HFEngineConfig(max_batch_size=recipe.engine_batch, threads=recipe.threads))
+        # the rollout workers' engine settings, their torch threads included: `dart up` evaluating a
+        # given warm start (no SFT before it to set them) ran on torch's default of one thread per
+        # core, and on a loaded 2-core machine its threads fought over the cores: minutes where one
+        # thread takes seconds
+        engine = HFEngine(policy, cfg.rollout.hf)
         try:
-            return await evaluate_async(engine, tasks, episodes, store=store, recipe=recipe, phase=phase,
+            return await evaluate_async(engine, tasks, episodes, store=store, cfg=cfg, phase=phase,
                                         outcomes=outcomes)
         finally:
             await engine.close()
@@ -138,15 +142,18 @@ def evaluate(policy: Policy, tasks: Sequence[dict[str, Any]], episodes: int, *, 
     return asyncio.run(main())
 
 
-async def rollout_groups(engine: Generator, tasks: Sequence[dict[str, Any]], *, store: BlobStore, recipe: Recipe,
+async def rollout_groups(engine: Generator, tasks: Sequence[dict[str, Any]], *, store: BlobStore, cfg: Tree,
                          update: int) -> list[Trajectory]:
-    """``group_size`` concurrent rollouts of each task at the rollout temperature (a GRPO group per task)."""
+    """``data.curation.n_default`` concurrent rollouts of each task (a GRPO group per task), sampled
+    as the data manager asks (``data.scheduler``)."""
+    scheduler = cfg.data.scheduler
+
     def sampling_of(k: int, r: int) -> Callable[[int], Sampling]:
-        return lambda i: Sampling(temperature=recipe.temperature, top_p=recipe.top_p,
-                                  max_new_tokens=recipe.max_new_tokens,
-                                  seed=sampling_seed(recipe.seed, 1000 + update, k, r, i))
+        return lambda i: Sampling(temperature=scheduler.temperature, top_p=scheduler.top_p,
+                                  max_new_tokens=scheduler.max_new_tokens,
+                                  seed=sampling_seed(cfg.recipe.seed, 1000 + update, k, r, i))
 
     return list(await asyncio.gather(*(
-        run_episode(engine, task, store=store, recipe=recipe, sampling=sampling_of(k, r),
+        run_episode(engine, task, store=store, cfg=cfg, sampling=sampling_of(k, r),
                     group_id=f"u{update}:g{k}", rollout_id=f"u{update}:g{k}:r{r}")
-        for k, task in enumerate(tasks) for r in range(recipe.group_size))))
+        for k, task in enumerate(tasks) for r in range(cfg.data.curation.n_default))))

@@ -35,12 +35,11 @@ from dart.blobs import BlobStore, LocalBlobStore
 from dart.data.batcher import BatchPlan, build_manifest
 from dart.data.curation import GroupVerdict, Outcome, judge_group
 from dart.events.manifest import BatchManifest, Sample
-from dart.recipe.config import Recipe, curation_config, make_tasks
+from dart.recipe.config import Tree, make_tasks
 from dart.recipe.episodes import Trajectory, evaluate, evaluate_async, rollout_groups
 from dart.recipe.warmstart import Log, oracle_samples, warm_start
-from dart.rollout.hf_engine import HFEngine, HFEngineConfig
-from dart.train.batch import micro_batches, prepare_samples, step_mask
-from dart.train.config import EngineConfig, OptimConfig
+from dart.rollout.hf_engine import HFEngine
+from dart.train.batch import micro_batches, prepare_samples
 from dart.train.engine import ReferencePolicy, TorchEngine
 from dart.train.update import apply_update
 
@@ -52,26 +51,26 @@ def outcome_of(t: Trajectory, index: int, *, update: int) -> Outcome:
                    min_version=update, max_version=update, rollout_index=index)
 
 
-def oracle_experience(task: dict[str, Any], group_id: str, policy: Policy, store: BlobStore, recipe: Recipe, *,
+def oracle_experience(task: dict[str, Any], group_id: str, policy: Policy, store: BlobStore, cfg: Tree, *,
                       update: int) -> tuple[Outcome, list[Sample]]:
     """The task's oracle solution as an experience-pool entry for group ``group_id`` (reward 1)."""
     rollout_id = f"oracle:{group_id}"
     steps = [replace(s, rollout_id=rollout_id, group_id=group_id, policy_version=update)
-             for s in oracle_samples([task], policy, store, recipe)]
+             for s in oracle_samples([task], policy, store, cfg)]
     outcome = Outcome(rollout_id=rollout_id, task_id=task["id"], group_id=group_id, status="success", reward=1.0,
                       num_steps=len(steps), min_version=update, max_version=update, origin="oracle")
     return outcome, steps
 
 
-def batch_of(trajectories: Sequence[Trajectory], *, update: int, recipe: Recipe, policy: Policy | None = None,
+def batch_of(trajectories: Sequence[Trajectory], *, update: int, cfg: Tree, policy: Policy | None = None,
              store: BlobStore | None = None, tasks: dict[str, dict[str, Any]] | None = None) -> BatchManifest:
     """The update's batch, built as the data manager builds one (:func:`dart.data.curation.judge_group`,
-    :func:`dart.data.batcher.build_manifest`) with the curation settings ``dart up`` gives it
-    (:func:`~dart.recipe.config.curation_config`): a group is kept when it holds a success and a
-    failure (``drop_uniform_groups``; off: every group is kept); with ``inject_experience`` an
-    all-fail group gets its task's oracle solution in place of one failure (``policy``, ``store``
-    and ``tasks`` build it)."""
-    curation = curation_config(recipe)
+    :func:`dart.data.batcher.build_manifest`) with its curation settings (``cfg.data.curation``): a
+    group is kept when it holds a success and a failure (``recipe.drop_uniform_groups``; off: every
+    group is kept); with ``curation.inject_experience`` an all-fail group of one of ``tasks`` (the
+    experience pool) gets its task's oracle solution in place of one failure (``policy`` and
+    ``store`` build it)."""
+    curation = cfg.data.curation
     groups: dict[str, list[Trajectory]] = {}
     for t in trajectories:
         groups.setdefault(t.group_id, []).append(t)
@@ -81,13 +80,13 @@ def batch_of(trajectories: Sequence[Trajectory], *, update: int, recipe: Recipe,
     for group_id, members in groups.items():
         task_id = members[0].task_id
         outcomes = [outcome_of(t, i, update=update) for i, t in enumerate(members)]
-        if not recipe.drop_uniform_groups:
+        if not cfg.recipe.drop_uniform_groups:
             kept.append(GroupVerdict(group_id, task_id, tuple(outcomes)))
             continue
         pool: list[Outcome] = []
-        if curation.inject_experience and tasks is not None and all(o.reward < 1.0 for o in outcomes):
+        if curation.inject_experience and tasks and task_id in tasks and all(o.reward < 1.0 for o in outcomes):
             assert policy is not None and store is not None, "injecting experience needs the policy and the store"
-            oracle, oracle_steps = oracle_experience(tasks[task_id], group_id, policy, store, recipe, update=update)
+            oracle, oracle_steps = oracle_experience(tasks[task_id], group_id, policy, store, cfg, update=update)
             pool.append(oracle)
             steps[oracle.rollout_id] = oracle_steps
         verdict = judge_group(group_id, task_id, outcomes, pool=pool, current_version=update, cfg=curation)
@@ -99,23 +98,24 @@ def batch_of(trajectories: Sequence[Trajectory], *, update: int, recipe: Recipe,
 
 
 def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Trajectory], *, store: BlobStore,
-              recipe: Recipe, update: int, tasks: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:
-    """One GRPO update on the trajectories, through the trainer's own batch preparation and update."""
-    manifest = batch_of(trajectories, update=update, recipe=recipe, policy=policy, store=store, tasks=tasks)
+              cfg: Tree, update: int, tasks: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:
+    """One GRPO update on the trajectories, through the trainer's own batch preparation and update
+    with its settings (``cfg.trainer``)."""
+    trainer = cfg.trainer
+    manifest = batch_of(trajectories, update=update, cfg=cfg, policy=policy, store=store, tasks=tasks)
     if not manifest.samples:
         return {"samples": 0.0}
     kept, dropped = prepare_samples(manifest, tokenizer=policy.tokenizer,
                                     image_processor=policy.image_processor, load_image=blob_image_loader(store),
-                                    prompt_cfg=recipe.prompt, check_hash=True,
-                                    step_weight=recipe.loss.step_weight)
+                                    prompt_cfg=trainer.prompt, check_hash=True,
+                                    step_weight=trainer.loss.step_weight)
     if broken := [d for d in dropped if d.reason != "vision_token"]:
         raise RuntimeError(f"{len(broken)} samples dropped ({broken[0].reason}: {broken[0].detail}): the "
                            "trainer must rebuild the rollout prompts exactly")
-    batches = micro_batches(kept, step_mask(kept, recipe.loss.entropy_top_frac), size=recipe.micro_batch,
-                            pad_id=policy.pad_token_id)
+    batches = micro_batches(kept, size=trainer.engine.micro_batch_samples, pad_id=policy.pad_token_id)
     policy.model.train()
-    result = apply_update(engine, batches, recipe.loss, ref, epochs=recipe.ppo_epochs,
-                          minibatches=recipe.ppo_minibatches)
+    result = apply_update(engine, batches, trainer.loss, ref, epochs=trainer.ppo_epochs,
+                          minibatches=trainer.ppo_minibatches)
     policy.model.eval()
     means = result.stats.means()
     return {"samples": float(result.num_samples), "grad_norm": result.grad_norm,
@@ -123,8 +123,10 @@ def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Traj
             "entropy": means.get("entropy/mean", 0.0)}
 
 
-def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: Path | None = None) -> dict[str, Any]:
-    """Build, warm-start, evaluate, train with RL, evaluate again; returns the numbers.
+def run_recipe(cfg: Tree, workdir: str | Path, *, log: Log = print, warm: Path | None = None) -> dict[str, Any]:
+    """Build, warm-start, evaluate, train with RL, evaluate again; returns the numbers. ``cfg`` is a
+    run's config tree (:class:`dart.stack.config.StackConfig`): the recipe's knobs and the services'
+    settings the learner plays their part with.
 
     Keys: warm_success, rl_success, delta, eval_episodes, train_success (rollout success per
     update), updates (per-update stats), recipe, and wall seconds per phase (sft_s, eval_warm_s,
@@ -134,8 +136,9 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: P
     """
     import torch
 
+    recipe, trainer = cfg.recipe, cfg.trainer
     t_all = time.perf_counter()
-    torch.set_num_threads(recipe.threads)
+    torch.set_num_threads(trainer.engine.threads or 1)
     torch.manual_seed(recipe.seed)
     workdir = Path(workdir)
     store = open_workdir(workdir)
@@ -143,26 +146,24 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: P
     out: dict[str, Any] = {"eval_episodes": recipe.held_out_episodes, "recipe": asdict(recipe)}
 
     t0 = time.perf_counter()
-    warm_dir = warm or warm_start(recipe, workdir, store, train, log)
+    warm_dir = warm or warm_start(cfg, workdir, store, train, log)
     out["sft_s"] = elapsed(t0)
     policy = load_policy(warm_dir)
     t0 = time.perf_counter()
-    out["warm_success"] = evaluate(policy, held_out, recipe.held_out_episodes, store=store, recipe=recipe, phase=1)
+    out["warm_success"] = evaluate(policy, held_out, recipe.held_out_episodes, store=store, cfg=cfg, phase=1)
     out["eval_warm_s"] = elapsed(t0)
     log(f"warm start: held-out success {out['warm_success']:.3f} over {recipe.held_out_episodes} episodes "
         f"(sft {out['sft_s']} s, eval {out['eval_warm_s']} s)")
 
     t0 = time.perf_counter()
-    engine = TorchEngine(policy.model, OptimConfig(lr=recipe.rl_lr, weight_decay=recipe.weight_decay,
-                                                   max_grad_norm=recipe.max_grad_norm),
-                         EngineConfig(device="cpu", threads=recipe.threads))
+    engine = TorchEngine(policy.model, trainer.optim, trainer.engine)
     ref = (ReferencePolicy(copy.deepcopy(policy.model), engine.device, engine.dtype)
-           if recipe.loss.kl_coef > 0 else None)
-    out.update(asyncio.run(rl_phase(policy, engine, ref, train, held_out, store=store, recipe=recipe, log=log)))
+           if trainer.loss.kl_coef > 0 else None)
+    out.update(asyncio.run(rl_phase(policy, engine, ref, train, held_out, store=store, cfg=cfg, log=log)))
     out["rl_s"] = elapsed(t0)
     save_policy(policy, workdir / "final", state=engine.full_state_dict())
     t0 = time.perf_counter()
-    out["rl_success"] = evaluate(policy, held_out, recipe.held_out_episodes, store=store, recipe=recipe, phase=2)
+    out["rl_success"] = evaluate(policy, held_out, recipe.held_out_episodes, store=store, cfg=cfg, phase=2)
     out["eval_rl_s"] = elapsed(t0)
     out["delta"] = out["rl_success"] - out["warm_success"]
     out["total_s"] = elapsed(t_all)
@@ -173,30 +174,33 @@ def run_recipe(recipe: Recipe, workdir: str | Path, *, log: Log = print, warm: P
 
 
 async def rl_phase(policy: Policy, engine: Any, ref: Any, train: list[dict[str, Any]], held_out: list[dict[str, Any]],
-                   *, store: BlobStore, recipe: Recipe, log: Log) -> dict[str, Any]:
-    """``recipe.updates`` GRPO updates, each on fresh rollouts of ``tasks_per_update`` training
-    tasks by the policy being trained; returns train_success, updates and held_out_curve."""
+                   *, store: BlobStore, cfg: Tree, log: Log) -> dict[str, Any]:
+    """``recipe.updates`` GRPO updates, each on fresh rollouts of ``data.batcher.groups_per_batch``
+    training tasks by the policy being trained; returns train_success, updates and held_out_curve.
+    The experience pool holds the first ``experience_tasks`` training tasks' oracle solutions, as
+    `dart up`'s does."""
+    recipe = cfg.recipe
     rng = random.Random(recipe.seed)
-    by_id = {t["id"]: t for t in train}
+    pool = {t["id"]: t for t in train[: cfg.experience_tasks]}
     out: dict[str, Any] = {"train_success": [], "updates": [], "held_out_curve": []}
-    gen = HFEngine(policy, HFEngineConfig(max_batch_size=recipe.engine_batch))
+    gen = HFEngine(policy, cfg.rollout.hf)
     try:
         for u in range(recipe.updates):
             tu = time.perf_counter()
             policy.model.eval()
-            trajectories = await rollout_groups(gen, rng.sample(train, recipe.tasks_per_update), store=store,
-                                                recipe=recipe, update=u)
+            trajectories = await rollout_groups(gen, rng.sample(train, cfg.data.batcher.groups_per_batch),
+                                                store=store, cfg=cfg, update=u)
             success = sum(t.reward >= 1.0 for t in trajectories) / len(trajectories)
             out["train_success"].append(success)
             tr = elapsed(tu)
-            stats = rl_update(engine, ref, policy, trajectories, store=store, recipe=recipe, update=u, tasks=by_id)
+            stats = rl_update(engine, ref, policy, trajectories, store=store, cfg=cfg, update=u, tasks=pool)
             out["updates"].append({**stats, "rollout_success": success, "rollouts_s": tr, "update_s": elapsed(tu)})
             log(f"update {u + 1}/{recipe.updates}: rollout success {success:.3f}, "
                 f"{int(stats['samples'])} samples, loss {stats.get('loss', 0.0):+.4f}, "
                 f"grad {stats.get('grad_norm', 0.0):.3f}, rollouts {tr} s, total {elapsed(tu)} s")
             if recipe.eval_every and (u + 1) % recipe.eval_every == 0:
                 policy.model.eval()
-                rate = await evaluate_async(gen, held_out, recipe.held_out_episodes, store=store, recipe=recipe, phase=2)
+                rate = await evaluate_async(gen, held_out, recipe.held_out_episodes, store=store, cfg=cfg, phase=2)
                 out["held_out_curve"].append((u + 1, rate))
                 log(f"update {u + 1}/{recipe.updates}: held-out success {rate:.3f}")
     finally:

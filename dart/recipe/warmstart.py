@@ -13,7 +13,7 @@ import json
 import random
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,29 +27,31 @@ from dart.config import progress
 from dart.env.synthetic import oracle_trace, render_png, screen_of
 from dart.errors import ConfigError
 from dart.events.manifest import BatchManifest, Sample, step_contexts
-from dart.recipe.config import Recipe
+from dart.recipe.config import Recipe, Tree
 from dart.recipe.episodes import evaluate
 from dart.train.batch import prepare_samples
-from dart.train.config import EngineConfig, OptimConfig
 from dart.train.engine import TorchEngine
 from dart.train.sft import epoch_chunks, sft_step
 
 Log = Callable[[str], None]
 
 
-def oracle_text(action: Action, screen: tuple[int, int], recipe: Recipe) -> str:
-    """The UI-TARS answer of one oracle action, in the frame the rollout worker parses.
+def oracle_text(action: Action, screen: tuple[int, int], cfg: Tree) -> str:
+    """The UI-TARS answer of one oracle action, in the frame the rollout workers parse (their
+    ``convention`` and prompt).
 
     ``render_response`` writes coordinates in the UI-TARS default pixel frame; a prompt with
-    other smart-resize bounds would make the parser read them elsewhere, so that is refused.
+    other smart-resize bounds would make the parser read them elsewhere, so that is refused
+    (and a run's config refuses it at start-up: ``rollout.convention``).
     """
-    text = render_response(recipe.thought, [action], screen=screen, convention=recipe.convention)
-    parsed = parse_actions(text, screen=screen, convention=recipe.convention,
-                           min_pixels=recipe.prompt.min_pixels, max_pixels=recipe.prompt.max_pixels)
+    convention, prompt = cfg.rollout.convention, cfg.rollout.prompt
+    text = render_response(cfg.recipe.thought, [action], screen=screen, convention=convention)
+    parsed = parse_actions(text, screen=screen, convention=convention,
+                           min_pixels=prompt.min_pixels, max_pixels=prompt.max_pixels)
     if len(parsed) != 1 or not _same_action(parsed[0], action, screen):
-        raise ConfigError(f"oracle answer {text!r} parses to {parsed!r} with prompt pixels "
-                         f"{recipe.prompt.min_pixels}..{recipe.prompt.max_pixels}: use the UI-TARS default "
-                         "bounds or convention qwen2vl")
+        raise ConfigError(f"rollout.convention: oracle answer {text!r} parses to {parsed!r} with prompt pixels "
+                          f"{prompt.min_pixels}..{prompt.max_pixels}: use the UI-TARS default bounds or "
+                          "convention qwen2vl")
     return text
 
 
@@ -61,7 +63,7 @@ def _same_action(a: Action, b: Action, screen: tuple[int, int]) -> bool:
     return all(abs(v - db[k]) <= tol if isinstance(v, float) else v == db[k] for k, v in da.items())
 
 
-def oracle_samples(tasks: Sequence[dict[str, Any]], policy: Policy, store: BlobStore, recipe: Recipe) -> list[Sample]:
+def oracle_samples(tasks: Sequence[dict[str, Any]], policy: Policy, store: BlobStore, cfg: Tree) -> list[Sample]:
     """One SFT sample per oracle step: screenshots into ``store``, answers rendered as UI-TARS
     text (ending with the stop token), prompts built exactly as the rollout worker builds them."""
     load = blob_image_loader(store)
@@ -70,11 +72,11 @@ def oracle_samples(tasks: Sequence[dict[str, Any]], policy: Policy, store: BlobS
     for task in tasks:
         spec = screen_of(task)
         screen = (int(spec["width"]), int(spec["height"]))
-        turns = [(store.put(render_png(spec, state)), oracle_text(action, screen, recipe))
+        turns = [(store.put(render_png(spec, state)), oracle_text(action, screen, cfg))
                  for state, action in oracle_trace(task)]
         for ctx, (_, text) in zip(step_contexts(task["instruction"], screen, turns), turns, strict=True):
             ids = [*policy.tokenizer(text, add_special_tokens=False)["input_ids"], stop]
-            messages, images = build_messages(ctx, load, recipe.prompt)
+            messages, images = build_messages(ctx, load, cfg.rollout.prompt)
             inputs = encode_prompt(policy.tokenizer, policy.image_processor, messages, images)
             samples.append(Sample(rollout_id=f"oracle:{task['id']}", step_index=ctx.step_index, task_id=task["id"],
                                   group_id=f"oracle:{task['id']}", context=ctx, prompt_hash=prompt_hash(inputs.input_ids),
@@ -103,7 +105,7 @@ def demo_tasks(train: Sequence[dict[str, Any]], recipe: Recipe) -> list[dict[str
     return pool[: recipe.sft_demos]
 
 
-def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[dict[str, Any]],
+def warm_start(cfg: Tree, workdir: Path, store: BlobStore, train: Sequence[dict[str, Any]],
                log: Log = print) -> Path:
     """Build the tiny policy and SFT it on oracle demonstrations; returns the ``workdir/warm`` policy.
 
@@ -113,21 +115,23 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
     fresh shuffle of the demonstrations every pass (a short last chunk is left out). With
     ``sft_target_success``, every ``sft_check_every`` steps (every ``sft_fine_check_every`` once a
     check scored above zero) the policy plays ``sft_check_episodes`` greedy episodes of training
-    tasks, and SFT stops once their success reaches the target.
+    tasks, and SFT stops once their success reaches the target. Prompts and answers are the rollout
+    workers' (``cfg.rollout``); the engine runs on the trainer's threads.
     """
+    recipe = cfg.recipe
     init = build_tiny(workdir / "init", seed=recipe.seed, size=recipe.model)
     if recipe.sft_steps == 0:
         return init
     policy = load_policy(init)
-    demos = oracle_samples(demo_tasks(train, recipe), policy, store, recipe)
+    demos = oracle_samples(demo_tasks(train, recipe), policy, store, cfg)
     write_samples(demos, workdir / "sft.jsonl")  # the same data for `dart train --sft`
     kept, dropped = prepare_samples(manifest_of(demos, 0), tokenizer=policy.tokenizer,
                                     image_processor=policy.image_processor, load_image=blob_image_loader(store),
-                                    prompt_cfg=recipe.prompt, check_hash=True, advantages=False)
+                                    prompt_cfg=cfg.rollout.prompt, check_hash=True, advantages=False)
     if dropped:
         raise ConfigError(f"{len(dropped)} oracle samples do not rebuild ({dropped[0].reason}: {dropped[0].detail})")
-    engine = TorchEngine(policy.model, OptimConfig(lr=recipe.sft_lr, weight_decay=0.0),
-                         EngineConfig(device="cpu", threads=recipe.threads))
+    # The trainer's optimiser and engine (weight decay off, its device and threads) at the SFT rate.
+    engine = TorchEngine(policy.model, replace(cfg.trainer.optim, lr=recipe.sft_lr), cfg.trainer.engine)
     rng = random.Random(recipe.seed)
     check = random.Random(f"{recipe.seed}:sft-check").sample(list(train), min(len(train), recipe.sft_check_episodes))
     size = min(recipe.sft_micro_batch, len(kept))
@@ -142,7 +146,7 @@ def warm_start(recipe: Recipe, workdir: Path, store: BlobStore, train: Sequence[
             log(f"sft step {step}/{recipe.sft_steps}: nll {sum(losses) / len(losses):.4f}")
             losses = []
         if recipe.sft_target_success is not None and step == next_check:
-            success = evaluate(policy, check, recipe.sft_check_episodes, store=store, recipe=recipe, phase=-step)
+            success = evaluate(policy, check, recipe.sft_check_episodes, store=store, cfg=cfg, phase=-step)
             policy.model.train()
             log(f"sft step {step}: training-task success {success:.3f} (target {recipe.sft_target_success})")
             if success >= recipe.sft_target_success:

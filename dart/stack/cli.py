@@ -131,7 +131,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise RunMissing(f"no config file {given}: give the stack YAML `dart up` ran (e.g. configs/synthetic.yaml)")
     cfg = load_stack_config(args)
     workdir = cfg.workdir.resolve()
-    recipe = cfg.recipe if args.episodes is None else dataclasses.replace(cfg.recipe, eval_episodes=args.episodes)
+    if args.episodes is not None:
+        cfg = dataclasses.replace(cfg, recipe=dataclasses.replace(cfg.recipe, eval_episodes=args.episodes))
+    recipe = cfg.recipe
     checkpoint = args.checkpoint or (latest_checkpoint(workdir / "checkpoints") if args.latest else None)
     model = args.model or (workdir / "warm")
     if not (model / "config.json").exists():
@@ -148,7 +150,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         policy = load_checkpoint_policy(model, checkpoint)
     outcomes: list[tuple[dict[str, Any], bool]] = []
-    rate = evaluate(policy, held_out, recipe.held_out_episodes, store=store, recipe=recipe, phase=3,
+    rate = evaluate(policy, held_out, recipe.held_out_episodes, store=store, cfg=cfg, phase=3,
                     outcomes=outcomes)
     measured = success(outcomes)
     if args.json:

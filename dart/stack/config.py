@@ -1,11 +1,12 @@
 """`dart up` configuration: one file describes a whole run on one machine.
 
-The stack's config holds each service's own config object (``env``, ``rollout``, ``trainer``,
-``data``); the recipe (:class:`~dart.recipe.config.Recipe`: model size, tasks, prompt, sampling,
-warm start, RL) is a preset of those objects (:mod:`dart.recipe.preset`) that the file's service
-sections and the command line's dotted overrides are laid over. Every object is built (and so
-validated, with the field named) before anything starts, and `dart up` writes each one, as it
-is, into its service's file.
+The stack's config is the run's config tree: the run's own settings, the recipe's own knobs
+(:class:`~dart.recipe.config.Recipe`: model size, tasks, warm start, dev check, evaluation) and
+each service's own config object (``env``, ``rollout``, ``trainer``, ``data``), each fact in one of
+them. The recipe's choices for the services are a preset of the tree (:func:`dart.recipe.preset.preset`)
+that the file's sections and the command line's dotted overrides are laid over. Every object is
+built (and so validated, with the field named) before anything starts, and `dart up` writes each
+one, as it is, into its service's file.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from dart.agent.prompt import PromptConfig
 from dart.config import as_mapping, build, defaults_of, merge, require
 from dart.data.config import DataConfig
 from dart.env.config import EnvWorkerConfig
 from dart.env.downloads import default_root
 from dart.recipe.config import Recipe
-from dart.recipe.preset import policy_dir, services
+from dart.recipe.preset import policy_dir, preset
 from dart.rollout.config import RolloutWorkerConfig
 from dart.train.config import TrainerConfig
 
@@ -129,7 +131,8 @@ class RunConfig:
     """Start from this policy directory (e.g. an earlier run's ``warm``) instead of building
     and warm-starting one; recipe.model and recipe.sft_* are then not used."""
     recipe: Recipe = field(default_factory=Recipe)
-    """Model, tasks, prompt, sampling, warm start, RL and evaluation settings."""
+    """Model, tasks, warm start, dev check and evaluation settings (the services' settings are in
+    their sections: sampling in ``data.scheduler``, the loss in ``trainer.loss``, ...)."""
     tasks: TasksSection = field(default_factory=TasksSection)
     """Where the training tasks come from (the recipe's synthetic ones by default)."""
 
@@ -148,19 +151,22 @@ class StackConfig(RunConfig):
     @classmethod
     def config_defaults(cls, data: Mapping[str, Any]) -> dict[str, Any]:
         """What ``data`` (a config file, overrides laid over it) is laid over: the stack's
-        defaults with the services' configs as the file's recipe sets them."""
+        defaults with the recipe's preset of the services (:func:`dart.recipe.preset.preset`)."""
+        for old, new in MOVED.items():
+            require(not has_path(data, old), old, f"moved to {new} (one key per setting, where its service reads it); "
+                    f"set {new}")
         run = build(RunConfig, {k: v for k, v in data.items() if k in RUN_FIELDS})
         workdir = run.workdir.resolve()
         osworld = run.tasks.source == "osworld"
-        preset = services(run.recipe, run_id=run.run_id, workdir=workdir, pipeline=run.pipeline,
-                          model_dir=policy_dir(run.recipe, workdir=workdir, warm_model=run.warm_model,
-                                               osworld=osworld),
-                          downloads=downloads_root(run.tasks) if osworld else None)
-        # The trainer stops itself at the run's update budget (the stack's watch alone can see a
-        # second update land before it stops the services).
-        preset = dataclasses.replace(preset, trainer=dataclasses.replace(preset.trainer, max_updates=run.max_updates))
-        return merge(defaults_of(cls), {**as_mapping(run), **{name: as_mapping(getattr(preset, name))
-                                                               for name in ("env", "rollout", "trainer", "data")}})
+        tree = preset(run.recipe, run_id=run.run_id, workdir=workdir, pipeline=run.pipeline,
+                      model_dir=policy_dir(run.recipe, workdir=workdir, warm_model=run.warm_model, osworld=osworld),
+                      max_updates=run.max_updates, downloads=downloads_root(run.tasks) if osworld else None)
+        # The trainer rebuilds the rollout workers' prompts: ``rollout.prompt`` is the one key of
+        # both (a different ``trainer.prompt`` is refused below).
+        prompt = (data.get("rollout") or {}).get("prompt")
+        if isinstance(prompt, Mapping):
+            tree["trainer"]["prompt"] = merge(tree["trainer"]["prompt"], prompt)
+        return merge(defaults_of(cls), {**as_mapping(run), **tree})
 
     @property
     def osworld(self) -> bool:
@@ -181,12 +187,92 @@ class StackConfig(RunConfig):
                     "the oracle experience pool is synthetic; set experience_tasks: 0")
         require(bool(self.run_id) and self.run_id.replace("-", "").replace("_", "").isalnum(), "run_id",
                 f"letters, digits, - and _ only, got {self.run_id!r}")
-        # The warm start trains on the recipe's prompt; a sample whose prompt the trainer builds
-        # otherwise than the rollout worker did is dropped (samples/dropped_prompt_hash).
-        for name, prompt in (("rollout.prompt", self.rollout.prompt), ("trainer.prompt", self.trainer.prompt)):
-            require(prompt == self.recipe.prompt, name,
-                    "differs from recipe.prompt; set recipe.prompt.* (the warm start, the rollout workers and "
-                    "the trainer share it)")
+        for name, value, source, key in self.shared_facts():
+            require(value == getattr_path(self, source), name, f"differs from {source}; set {key} (one key, "
+                    "every service that needs it given it)")
+        require(self.rollout.convention == "qwen2vl" or not self.writes_oracle_answers
+                or (self.rollout.prompt.min_pixels, self.rollout.prompt.max_pixels) == UITARS_PIXELS,
+                "rollout.convention", "qwen25vl's frame is rendered for UI-TARS' default pixel bounds only, and "
+                "rollout.prompt sets others: the warm start's oracle answers would not parse; use qwen2vl")
+        if self.tasks.source == "synthetic":
+            require(self.data.batcher.groups_per_batch <= self.recipe.train_tasks, "data.batcher.groups_per_batch",
+                    f"must be <= recipe.train_tasks ({self.recipe.train_tasks})")
+
+    def shared_facts(self) -> list[tuple[str, Any, str, str]]:
+        """The facts of the run that more than one process holds, as (field, its value, the field it
+        must equal, the one key to set): each is set once, and a service's own different copy is
+        refused rather than left to drift."""
+        out = [(f"{name}.{fact}", getattr(getattr(self, name), fact), source, key)
+               for name in ("env", "rollout", "trainer", "data")
+               for fact, source, key in (("run_id", "run_id", "run_id"), ("blobs", "blob_dir", "workdir"))]
+        return [*out,
+                ("data.pipeline", self.data.pipeline, "pipeline", "pipeline"),
+                # the trainer stops itself at the budget the stack watches
+                ("trainer.max_updates", self.trainer.max_updates, "max_updates", "max_updates"),
+                ("trainer.seed", self.trainer.seed, "recipe.seed", "recipe.seed"),
+                # one policy: the trainer publishes versions of the weights the rollout workers start from
+                ("rollout.model", self.rollout.model, "policy_model", "warm_model"),
+                ("trainer.model", str(self.trainer.model), "policy_model", "warm_model"),
+                # a sample whose prompt the trainer builds otherwise than the rollout worker did is
+                # dropped (samples/dropped_prompt_hash); the warm start trains on it too
+                ("trainer.prompt", self.trainer.prompt, "rollout.prompt", "rollout.prompt.*"),
+                *([("env.xdesktop.downloads", self.env.xdesktop.downloads, "downloads", "tasks.downloads")]
+                  if self.osworld else [])]
+
+    @property
+    def blob_dir(self) -> str:
+        """The run's blob store, WORKDIR/blobs (absolute)."""
+        return str(self.workdir.resolve() / "blobs")
+
+    @property
+    def policy_model(self) -> str:
+        """The policy every service starts from (:func:`dart.recipe.preset.policy_dir`)."""
+        return str(policy_dir(self.recipe, workdir=self.workdir.resolve(), warm_model=self.warm_model,
+                              osworld=self.osworld))
+
+    @property
+    def downloads(self) -> str:
+        """The OSWorld download cache the env workers read (:func:`downloads_root`)."""
+        return str(downloads_root(self.tasks))
+
+    @property
+    def writes_oracle_answers(self) -> bool:
+        """Whether the run renders oracle solutions as answers (the SFT warm start, the experience pool)."""
+        sft = self.warm_model is None and not self.osworld and self.recipe.sft_steps > 0
+        return sft or self.experience_tasks > 0
+
+
+UITARS_PIXELS = (PromptConfig.min_pixels, PromptConfig.max_pixels)
+"""The pixel bounds of UI-TARS' prompt: the only ones the qwen25vl frame is rendered for."""
+
+
+MOVED = {
+    "recipe.convention": "rollout.convention", "recipe.prompt": "rollout.prompt", "recipe.threads": "rollout.hf.threads "
+    "and trainer.engine.threads", "recipe.engine_batch": "rollout.hf.max_batch_size", "recipe.loss": "trainer.loss",
+    "recipe.rl_lr": "trainer.optim.lr", "recipe.weight_decay": "trainer.optim.weight_decay",
+    "recipe.max_grad_norm": "trainer.optim.max_grad_norm", "recipe.micro_batch": "trainer.engine.micro_batch_samples",
+    "recipe.ppo_epochs": "trainer.ppo_epochs", "recipe.ppo_minibatches": "trainer.ppo_minibatches",
+    "recipe.temperature": "data.scheduler.temperature", "recipe.top_p": "data.scheduler.top_p",
+    "recipe.max_new_tokens": "data.scheduler.max_new_tokens", "recipe.max_steps": "data.curation.max_steps",
+    "recipe.group_size": "data.curation.n_default", "recipe.tasks_per_update": "data.batcher.groups_per_batch",
+    "recipe.inject_experience": "data.curation.inject_experience with experience_tasks",
+    "trainer.loss.entropy_top_frac": "data.curation.entropy_top_fraction",
+}
+"""Keys of an older config and where each setting lives now (issue 55: one home per setting)."""
+
+
+def has_path(data: Mapping[str, Any], dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(data, Mapping) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def getattr_path(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig))

@@ -64,7 +64,7 @@ def service_configs(cfg: StackConfig, *, serve_port: int = 8000) -> dict[str, tu
         out[f"rollout-{i}"] = ("rollout", dataclasses.replace(rollout, worker_id=f"rollout-{i}"))
     out["trainer"] = ("train", cfg.trainer)
     # The archiver writes the log to RUN_DIR/log as it happens: the run's durable copy of the log.
-    out["archiver"] = ("archiver", ArchiverConfig(log_dir=workdir / "log", flush_interval_s=1.0))
+    out["archiver"] = ("archiver", ArchiverConfig(log_dir=workdir / "log"))
     if cfg.tensorboard:  # TensorBoard files from the log (`dart metrics`), as the run goes
         # One folder per run id: `tensorboard --logdir` over runs names each run by its id.
         out["metrics"] = ("metrics", MetricsConfig(out_dir=tensorboard_dir(workdir, cfg.run_id),

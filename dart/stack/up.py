@@ -25,6 +25,7 @@ from dart.agent.tiny import build_tiny
 from dart.agent.weight_format import WEIGHTS_FILE
 from dart.blobs import LocalBlobStore
 from dart.bus import BusConfig, DevBroker, Producer, ensure_topics
+from dart.config import as_mapping
 from dart.data.cli import sql_client
 from dart.data.experience import samples_as_experience
 from dart.data.report import build_report, write_plots
@@ -67,11 +68,11 @@ def register_tasks(bus: BusConfig, run_id: str, tasks: list[dict[str, Any]], spl
 
 
 def import_oracle_experience(bus: BusConfig, run_id: str, tasks: list[dict[str, Any]], policy: Any,
-                             store: LocalBlobStore, recipe: Any) -> int:
+                             store: LocalBlobStore, cfg: StackConfig) -> int:
     """Oracle solutions of ``tasks`` into the experience pool (events on the log, origin=oracle),
     so the data manager can inject a success into a group whose online rollouts all failed."""
     events, trajectories = samples_as_experience(
-        oracle_samples(tasks, policy, store, recipe), run_id=run_id, origin="oracle", at_ms=now_ms(),
+        oracle_samples(tasks, policy, store, cfg), run_id=run_id, origin="oracle", at_ms=now_ms(),
         decode=lambda ids: policy.tokenizer.decode(ids, skip_special_tokens=True))
     producer = Producer(bus, client_id="dart-up-experience")
     for event in events:
@@ -156,9 +157,11 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None, config_file: Path
                 f"({recipe.held_out_episodes} episodes, {summary['warm_eval_s']:.0f} s)")
         if cfg.experience_tasks:
             n = import_oracle_experience(bus, cfg.run_id, train[: cfg.experience_tasks],
-                                         load_checkpoint_policy(warm_dir, None), store, recipe)
+                                         load_checkpoint_policy(warm_dir, None), store, cfg)
             say(f"experience pool: {n} oracle trajectories on the log (injected into all-fail groups)")
-        start_services(cfg, supervisor, workdir, bus)
+        # What the services ran with: each one's config object as its process was given it.
+        summary["services"] = {name: as_mapping(obj)
+                               for name, (_, obj) in start_services(cfg, supervisor, workdir, bus).items()}
         summary.update(_rl_phase(cfg, supervisor, workdir, stop_after_s=stop_after_s, broker=broker, bus=bus))
     except KeyboardInterrupt:
         say("interrupted: stopping every service cleanly")
@@ -178,7 +181,7 @@ def up(cfg: StackConfig, *, stop_after_s: float | None = None, config_file: Path
         policy = rl_policy(cfg, workdir, store, Path(summary["warm_model"]), checkpoint, summary)
         t0 = time.monotonic()
         rl_outcomes: Outcomes = []
-        summary["rl_success"] = evaluate(policy, held_out, recipe.held_out_episodes, store=store, recipe=recipe,
+        summary["rl_success"] = evaluate(policy, held_out, recipe.held_out_episodes, store=store, cfg=cfg,
                                          phase=2, outcomes=rl_outcomes)
         summary["delta"] = summary["rl_success"] - summary["warm_success"]
         rl, gain = success(rl_outcomes), paired_gain(warm_outcomes, rl_outcomes)
@@ -226,11 +229,9 @@ def warm_policy(cfg: StackConfig, workdir: Path, store: LocalBlobStore, train: l
     else:
         say(f"warm start: tiny Qwen2.5-VL, SFT on {recipe.sft_demos} oracle demonstrations "
             f"({recipe.sft_steps} optimiser steps of {recipe.sft_micro_batch})")
-        warm_dir = warm_start(recipe, workdir, store, train, log=say)
+        warm_dir = warm_start(cfg, workdir, store, train, log=say)
         summary["sft_s"] = round(time.monotonic() - t0, 1)
         say(f"warm start written to {warm_dir} in {summary['sft_s']} s")
-    if warm_dir != cfg.trainer.model:
-        say(f"the services start from {cfg.trainer.model} (trainer.model), not {warm_dir}")
     summary["warm_model"] = str(warm_dir)
     return warm_dir
 
@@ -239,7 +240,7 @@ def held_out_success(model_dir: Path, checkpoint: Path | None, held_out: list[di
                      store: LocalBlobStore, *, phase: int, outcomes: Outcomes) -> float:
     """Held-out success of ``model_dir`` (with a trainer checkpoint's weights, if any)."""
     return evaluate(load_checkpoint_policy(model_dir, checkpoint), held_out, cfg.recipe.held_out_episodes, store=store,
-                    recipe=cfg.recipe, phase=phase, outcomes=outcomes)
+                    cfg=cfg, phase=phase, outcomes=outcomes)
 
 
 def rl_policy(cfg: StackConfig, workdir: Path, store: LocalBlobStore, warm_model: Path, checkpoint: Path | None,
@@ -269,7 +270,7 @@ def dev_selection(cfg: StackConfig, published: list[Published], store: LocalBlob
     t0 = time.monotonic()
 
     def dev_success(p: Published) -> float:
-        rate = evaluate(policy_at(warm_model, store, p), dev, len(dev), store=store, recipe=recipe,
+        rate = evaluate(policy_at(warm_model, store, p), dev, len(dev), store=store, cfg=cfg,
                         phase=100 + p.version)
         say(f"dev check: v{p.version} solves {100 * rate:.1f} % of {len(dev)} dev tasks")
         return rate
@@ -291,9 +292,10 @@ def by_instruction(warm: Outcomes, rl: Outcomes) -> list[dict[str, Any]]:
             for ins, (n, rate) in success_by_instruction(rl).items()]
 
 
-def start_services(cfg: StackConfig, supervisor: Supervisor, workdir: Path, bus: BusConfig) -> None:
+def start_services(cfg: StackConfig, supervisor: Supervisor, workdir: Path,
+                   bus: BusConfig) -> dict[str, tuple[str, Any]]:
     """Write every service's config and start it under ``supervisor``; rollout workers of a
-    ``dart serve`` start once it answers."""
+    ``dart serve`` start once it answers. Returns the configs (:func:`service_configs`)."""
     sections = service_configs(cfg, serve_port=free_port())
     write_configs(sections, {"bootstrap": bus.bootstrap, "prefix": bus.prefix}, workdir / "config")
     specs = service_specs(sections, workdir / "config",
@@ -315,6 +317,7 @@ def start_services(cfg: StackConfig, supervisor: Supervisor, workdir: Path, bus:
         say(f"watch it: tensorboard --logdir {tensorboard_dir(workdir, cfg.run_id).parent} --host 127.0.0.1; "
             f"Prometheus /metrics "
             f"ports in {workdir / 'metrics'}/<service>.port")
+    return sections
 
 
 def stop_services(supervisor: Supervisor) -> None:

@@ -76,22 +76,3 @@ def length_weights(rollout_ids_B: Sequence[str]) -> torch.Tensor:
     mean = len(rollout_ids_B) / len(counts)
     return torch.tensor([mean / counts[rid] for rid in rollout_ids_B], dtype=torch.float32)
 
-
-def entropy_step_mask(entropy_B_T: torch.Tensor, mask_B_T: torch.Tensor, top_frac: float) -> torch.Tensor:
-    """Which samples get a loss: the ``ceil(top_frac * B)`` samples with the highest mean token
-    entropy (masked: padding is never averaged in). Ties keep the earlier sample. Bool ``_B``."""
-    if entropy_B_T.shape != mask_B_T.shape:
-        raise BatchError(f"entropy {tuple(entropy_B_T.shape)} and mask {tuple(mask_B_T.shape)} differ in shape")
-    if not 0.0 < top_frac <= 1.0:
-        raise ValueError(f"top_frac must be in (0, 1], got {top_frac}")
-    num_B = entropy_B_T.shape[0]
-    keep_B = torch.zeros(num_B, dtype=torch.bool)
-    if num_B == 0:
-        return keep_B
-    mask = mask_B_T.to(entropy_B_T.dtype)
-    mean_B = (entropy_B_T * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-    k = min(num_B, math.ceil(top_frac * num_B - 1e-9))
-    # A stable descending sort, so equal entropies keep batch order (deterministic selection).
-    order = torch.sort(mean_B, descending=True, stable=True).indices
-    keep_B[order[:k]] = True
-    return keep_B

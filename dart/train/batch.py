@@ -20,7 +20,7 @@ import torch
 from dart.agent.prompt import PromptConfig, PromptInputs, build_messages, encode_prompt, prompt_hash
 from dart.errors import BlobError, DecodeError
 from dart.events.manifest import BatchManifest, Sample
-from dart.train.advantages import entropy_step_mask, group_advantages, length_weights
+from dart.train.advantages import group_advantages, length_weights
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,9 +231,11 @@ def collate(samples: Sequence[TrainSample], step_mask_B: torch.Tensor, *, pad_id
     )
 
 
-def micro_batches(samples: Sequence[TrainSample], step_mask_B: torch.Tensor, *, size: int,
+def micro_batches(samples: Sequence[TrainSample], step_mask_B: torch.Tensor | None = None, *, size: int,
                   pad_id: int) -> list[ModelBatch]:
-    """Micro-batches of at most ``size`` samples of similar length (less padding).
+    """Micro-batches of at most ``size`` samples of similar length (less padding); ``step_mask_B``:
+    which samples get a loss (None: every one; which steps train is the data manager's choice,
+    ``curation.entropy_top_fraction``, made before the batch is sent).
 
     The order is deterministic: by sequence length, ties broken by a hash of (rollout, step), so
     the samples of one group (which arrive together and mostly share a length) spread over many
@@ -243,12 +245,8 @@ def micro_batches(samples: Sequence[TrainSample], step_mask_B: torch.Tensor, *, 
     lengths = [s.inputs.num_tokens + len(s.response_token_ids) for s in samples]
     mix = [hashlib.blake2b(f"{s.rollout_id}:{s.step_index}".encode(), digest_size=8).digest() for s in samples]
     order = sorted(range(len(samples)), key=lambda j: (lengths[j], mix[j]))
+    if step_mask_B is None:
+        step_mask_B = torch.ones(len(samples), dtype=torch.bool)
     return [collate([samples[j] for j in order[i : i + size]], step_mask_B[order[i : i + size]], pad_id=pad_id)
             for i in range(0, len(samples), size)]
 
-
-def step_mask(samples: Sequence[TrainSample], top_frac: float) -> torch.Tensor:
-    """The entropy step mask over the kept samples (mean rollout token entropy, padding excluded)."""
-    entropy_B_T = pad_2d([s.entropies for s in samples], value=0.0, dtype=torch.float32)
-    mask_B_T = pad_2d([[1.0] * len(s.entropies) for s in samples], value=0.0, dtype=torch.float32)
-    return entropy_step_mask(entropy_B_T, mask_B_T, top_frac)

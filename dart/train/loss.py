@@ -62,9 +62,6 @@ class LossConfig:
     the same whatever its length. On multi-step tasks a failure runs to the step cap and a success
     stops early, so with ``step`` the failures' right steps are pushed down more than the successes'
     same steps are pushed up."""
-    entropy_top_frac: float = 1.0
-    """Entropy step mask: keep only this fraction of the batch's samples, those with the highest
-    mean rollout token entropy; the others get no loss. 1.0 keeps every sample."""
 
     def __post_init__(self) -> None:
         require(0.0 <= self.eps_low < 1.0, "loss.eps_low", f"must be in [0, 1), got {self.eps_low}")
@@ -78,8 +75,6 @@ class LossConfig:
                 f"must be in [0, 1], got {self.negative_scale}")
         require(self.step_weight in ("step", "trajectory"), "loss.step_weight",
                 f"must be 'step' or 'trajectory', got {self.step_weight!r}")
-        require(0.0 < self.entropy_top_frac <= 1.0, "loss.entropy_top_frac",
-                f"must be in (0, 1], got {self.entropy_top_frac}")
 
 
 

@@ -7,8 +7,8 @@ the manifest to the other ranks; every rank then
 1. computes the GRPO advantages over the whole manifest (cheap: rewards only),
 2. rebuilds the prompts of its own shard of the samples (manifest positions ``i % world == rank``,
    screenshots read from the blob store by that rank alone),
-3. shares which of them it kept and their rollout entropies (``all_gather_object``), so every rank
-   computes the same entropy step mask and selected-sample count as a one-rank trainer would,
+3. shares which of them it kept (``all_gather_object``), so every rank knows the kept-sample
+   count and order a one-rank trainer would have,
 4. runs forward/backward on its micro-batches with each loss divided by the *global* count, and
 5. steps: the torch engine all-reduces (sums) the gradients first (data parallel, DDP's
    semantics), DeepSpeed ZeRO reduces them itself (it averages, so each loss is multiplied by
@@ -28,12 +28,13 @@ collective never runs into the process group's timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -44,16 +45,16 @@ import torch.distributed as dist
 
 from dart.agent.weight_format import write_weights
 from dart.blobs import open_store
-from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Producer, stop_on_signals
+from dart.bus import BusConfig
 from dart.errors import ConfigError
 from dart.events import BatchAssembled, TrainStepCompleted
 from dart.events.manifest import BatchManifest
-from dart.train.advantages import BatchError, entropy_step_mask, group_advantages, length_weights
-from dart.train.batch import Dropped, micro_batches, pad_2d, prepare_samples
+from dart.train.advantages import BatchError, group_advantages, length_weights
+from dart.train.batch import Dropped, micro_batches, prepare_samples
 from dart.train.checkpoint import commit_checkpoint
 from dart.train.config import EngineConfig, TrainerConfig
 from dart.train.engine import DeepSpeedEngine, Engine, TorchEngine
-from dart.train.trainer import Prepared, Trainer, TrainerHalted
+from dart.train.trainer import Prepared, Trainer, TrainerHalted, halted, serve_batches
 from dart.train.update import UpdateResult, apply_update
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class RankTrainer(Trainer):
     # ------------------------------------------------------------ one batch
 
     def prepare(self, manifest: BatchManifest) -> Prepared:
-        """This rank's micro-batches; the advantages, drops and step mask of the whole batch."""
+        """This rank's micro-batches; the advantages, drops and sample count of the whole batch."""
         start = time.perf_counter()
         advantages = manifest_advantages(manifest, self.cfg.loss.step_weight)  # BatchError: same on every rank
         mine = [i for i in range(len(manifest.samples)) if i % self.world_size == self.rank]
@@ -213,30 +214,22 @@ class RankTrainer(Trainer):
                                         load_image=self.load_image, prompt_cfg=self.cfg.prompt, advantages=False)
         kept = [replace(s, advantage=advantages[position[(s.rollout_id, s.step_index)]]) for s in kept]
         shared: list[Any] = [None] * self.world_size
-        dist.all_gather_object(shared, ([position[(s.rollout_id, s.step_index)] for s in kept],
-                                        [s.entropies for s in kept], dropped))
+        dist.all_gather_object(shared, ([position[(s.rollout_id, s.step_index)] for s in kept], dropped))
         # The kept samples of every rank in manifest order: a one-rank trainer's kept list.
-        everyone = sorted((i, entropies) for indices, entropy_lists, _ in shared
-                          for i, entropies in zip(indices, entropy_lists, strict=True))
-        order = {i: k for k, (i, _) in enumerate(everyone)}
-        mask_all = entropy_step_mask(pad_2d([e for _, e in everyone], value=0.0, dtype=torch.float32),
-                                     pad_2d([[1.0] * len(e) for _, e in everyone], value=0.0, dtype=torch.float32),
-                                     self.cfg.loss.entropy_top_frac)
-        own_mask = torch.tensor([bool(mask_all[order[position[(s.rollout_id, s.step_index)]]]) for s in kept],
-                                dtype=torch.bool)
-        self.num_selected = int(mask_all.sum())
-        self.shard_sizes = [len(indices) for indices, _, _ in shared]
-        all_dropped: list[Dropped] = [d for _, _, ds in shared for d in ds]
+        everyone = sorted(i for indices, _ in shared for i in indices)
+        self.num_selected = len(everyone)
+        self.shard_sizes = [len(indices) for indices, _ in shared]
+        all_dropped: list[Dropped] = [d for _, ds in shared for d in ds]
         if self.rank == 0:
             for d in all_dropped:
                 log.warning("batch %s: dropped step %d of %s (%s: %s)", manifest.batch_id, d.step_index,
                             d.rollout_id, d.reason, d.detail)
-        batches = micro_batches(kept, own_mask, size=self.cfg.engine.micro_batch_samples, pad_id=self.pad_id)
+        batches = micro_batches(kept, size=self.cfg.engine.micro_batch_samples, pad_id=self.pad_id)
         if isinstance(self.engine, DeepSpeedEngine):
             batches = self._equal_counts(batches)
         log.info("rank %d: batch %s (seq %d): %d of %d samples kept on this rank, %d micro-batches",
                  self.rank, manifest.batch_id, manifest.seq, len(kept), len(mine), len(batches))
-        adv_B = torch.tensor([advantages[i] for i, _ in everyone], dtype=torch.float32)
+        adv_B = torch.tensor([advantages[i] for i in everyone], dtype=torch.float32)
         return Prepared(manifest=manifest, batches=batches, dropped=all_dropped, adv_B=adv_B,
                         prepare_s=time.perf_counter() - start)
 
@@ -292,14 +285,86 @@ class RankTrainer(Trainer):
                 self.train_batch(message)
 
 
+class RankZero:
+    """Rank 0's side of the collectives: each batch broadcast to every rank and trained on all of
+    them (:meth:`step`), and ticks between batches (:meth:`ticking`) so the waiting ranks'
+    collective never runs into the process group's timeout; one collective sequence at a time."""
+
+    def __init__(self, trainer: RankTrainer) -> None:
+        self.trainer = trainer
+        self.collective = asyncio.Lock()
+        self.last = time.monotonic()
+        self.tick_s = min(5.0, trainer.cfg.engine.dist_timeout_s / 4)
+        self.lost: list[BaseException] = []
+
+    async def step(self, event: BatchAssembled, manifest: BatchManifest, body: bytes) -> TrainStepCompleted | None:
+        """:data:`dart.train.trainer.Step` on every rank."""
+        async with self.collective:
+            try:
+                log.info("rank 0: batch %s (seq %d) to %d ranks", event.batch_id, event.seq, self.trainer.world_size)
+                await asyncio.to_thread(_broadcast, body)
+                return await asyncio.to_thread(self.trainer.train_batch, body)
+            except BatchError:  # the whole manifest is inconsistent: nothing ran on any rank
+                raise
+            except Exception as exc:
+                raise halted(self.trainer, event, exc, where=f" on {self.trainer.world_size} ranks") from exc
+            finally:
+                self.last = time.monotonic()
+
+    async def ticks(self, stop: Callable[[], None]) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s / 2)
+            if time.monotonic() - self.last >= self.tick_s and not self.collective.locked():
+                async with self.collective:
+                    try:
+                        await asyncio.to_thread(_broadcast, TICK)
+                    except RuntimeError as exc:  # a rank died between batches: stop, nothing uncommitted
+                        self.lost.append(exc)
+                        stop()
+                        return
+                    self.last = time.monotonic()
+
+    async def make_durable(self) -> None:
+        """:data:`dart.train.trainer.Durable` on every rank: a clean stop writes a full checkpoint
+        (each rank its part) unless the last one was, so a restart redoes nothing."""
+        if self.lost or self.trainer.durable:  # a rank gone: the restart resumes from the last full one
+            return
+        async with self.collective:
+            await asyncio.to_thread(_broadcast, FULL)
+            await asyncio.to_thread(self.trainer.checkpoint, True)
+            self.last = time.monotonic()
+
+    @contextlib.asynccontextmanager
+    async def ticking(self, stop: Callable[[], None]) -> AsyncIterator[None]:
+        """:data:`dart.train.trainer.KeepAlive`: ticks while the loop serves; STOP to every rank when
+        it ends cleanly (not after a failure: the other ranks then fail at their next collective)."""
+        ticker = asyncio.create_task(self.ticks(stop), name="rank-ticks")
+        try:
+            yield
+        finally:
+            ticker.cancel()
+        if self.lost:
+            raise TrainerHalted(f"a rank left the group between batches ({self.lost[0]}); restart the trainer")
+        async with self.collective:
+            try:
+                await asyncio.to_thread(_broadcast, STOP)
+            except RuntimeError as exc:  # a rank already gone: nothing to stop
+                log.warning("rank 0: could not tell the other ranks to stop: %s", exc)
+
+
 async def serve_ranks(cfg: TrainerConfig, bus: BusConfig) -> None:
-    """The trainer service on this rank (see the module docstring); raises TrainerHalted when an
-    update failed midway, a rank died included."""
+    """The trainer service on this rank (see the module docstring): rank 0 runs the trainer's loop
+    (:func:`dart.train.trainer.serve_batches`) with every batch trained on all ranks; the others
+    follow it. Raises TrainerHalted when an update failed midway, a rank died included."""
     rank, world_size = world()
     init_group(cfg.engine)
     blobs = open_store(cfg.blobs)
     trainer = await asyncio.to_thread(RankTrainer, cfg, blobs, rank=rank, world_size=world_size)
-    if rank != 0:
+    try:
+        if rank == 0:
+            zero = RankZero(trainer)
+            await serve_batches(trainer, bus, zero.step, keep_alive=zero.ticking, durable=zero.make_durable)
+            return
         # The launcher signals every rank at once: this one finishes what rank 0 broadcasts and
         # stops on its STOP (or when rank 0's connection closes).
         loop = asyncio.get_running_loop()
@@ -309,83 +374,5 @@ async def serve_ranks(cfg: TrainerConfig, bus: BusConfig) -> None:
             await asyncio.to_thread(trainer.follow)
         except Exception as exc:
             raise TrainerHalted(f"rank {rank}: {type(exc).__name__}: {exc}; restart the trainer") from exc
-        finally:
-            dist.destroy_process_group()
-        return
-    producer = Producer(bus, client_id=cfg.worker_id)
-    if trainer.state.weights_are_version:
-        await producer.send(await asyncio.to_thread(trainer.publish))
-    collective = asyncio.Lock()  # one collective sequence at a time: batches and ticks
-    last = time.monotonic()
-    tick_s = min(5.0, cfg.engine.dist_timeout_s / 4)
-
-    lost: list[BaseException] = []
-
-    async def ticks() -> None:
-        nonlocal last
-        while True:
-            await asyncio.sleep(tick_s / 2)
-            if time.monotonic() - last >= tick_s and not collective.locked():
-                async with collective:
-                    try:
-                        await asyncio.to_thread(_broadcast, TICK)
-                    except RuntimeError as exc:  # a rank died between batches: stop, nothing uncommitted
-                        lost.append(exc)
-                        consumer.stop()
-                        return
-                    last = time.monotonic()
-
-    async def on_batch(delivered: Delivered) -> None:
-        nonlocal last
-        event = delivered.event
-        if not isinstance(event, BatchAssembled) or trainer.already_consumed(event):
-            return
-        body = blobs.get(event.manifest_digest)
-        BatchManifest.from_bytes(body)  # bad -> dead letter, before any rank sees it
-        async with collective:
-            try:
-                log.info("rank 0: batch %s (seq %d) to %d ranks", event.batch_id, event.seq, world_size)
-                await asyncio.to_thread(_broadcast, body)
-                report = await asyncio.to_thread(trainer.train_batch, body)
-            except BatchError:
-                raise
-            except Exception as exc:
-                raise TrainerHalted(f"update on batch {event.batch_id} failed on {world_size} ranks "
-                                    f"({type(exc).__name__}: {exc}); restart the trainer: it resumes from "
-                                    f"{trainer.last_checkpoint}") from exc
-            finally:
-                last = time.monotonic()
-        if report is None:
-            return
-        if trainer.state.weights_are_version:
-            await producer.send(await asyncio.to_thread(trainer.publish))
-        await producer.send(report)
-
-    consumer = Consumer(bus, topics=[bus.topics.batches], group=cfg.group, handler=on_batch,
-                        producer=producer, client_id=cfg.worker_id, fetch_max_wait_ms=SLOW_FETCH_WAIT_MS,
-                        commit_when=lambda: trainer.durable)  # as the one-rank trainer's (trainer.serve)
-    stop_on_signals(consumer)
-    ticker = asyncio.create_task(ticks(), name="rank-ticks")
-    halted = False
-    try:
-        await consumer.run()
-        if lost:
-            raise TrainerHalted(f"a rank left the group between batches ({lost[0]}); restart the trainer")
-    except BaseException:
-        halted = True
-        raise
     finally:
-        ticker.cancel()
-        if not halted:
-            async with collective:
-                try:
-                    if not trainer.durable:  # a clean stop: every rank writes its part of a full checkpoint
-                        await asyncio.to_thread(_broadcast, FULL)
-                        await asyncio.to_thread(trainer.checkpoint, True)
-                    await asyncio.to_thread(_broadcast, STOP)
-                except RuntimeError as exc:  # a rank already gone: nothing to stop
-                    log.warning("rank 0: could not tell the other ranks to stop: %s", exc)
-        await asyncio.to_thread(producer.flush)
-        if "transfer" in vars(trainer):
-            await asyncio.to_thread(trainer.transfer.close)
         dist.destroy_process_group()

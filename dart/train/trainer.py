@@ -1,21 +1,25 @@
 """The trainer service: consume batches, update the policy, checkpoint, publish, report.
 
-``serve`` is the whole loop; ``Trainer`` holds the model, the engine and the training
-position and does the work of each line. A batch's effect is durable (a full checkpoint) before
-its offset is committed, so a trainer killed at any point resumes with no batch lost or applied
-twice: it restores the newest full checkpoint, batches with ``seq`` at or below its position are
-skipped, and those after it (uncommitted, so delivered again) are trained again on the restored
-state. With ``full_checkpoint_every`` 1 that is at most the batch in hand.
+``serve_batches`` is the whole loop (one rank's, or rank 0's of several: :mod:`dart.train.ranks`);
+``Trainer`` holds the model, the engine and the training position and does the work of each line.
+A batch's effect is durable (a full checkpoint) before its offset is committed, so a trainer killed
+at any point resumes with no batch lost or applied twice: it restores the newest full checkpoint,
+batches with ``seq`` at or below its position are skipped, and those after it (uncommitted, so
+delivered again) are trained again on the restored state. With ``full_checkpoint_every`` 1 that
+is at most the batch in hand.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import logging
 import random
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +33,7 @@ from dart.blobs import BlobStore, open_store
 from dart.bus import SLOW_FETCH_WAIT_MS, BusConfig, Consumer, Delivered, Producer, stop_on_signals
 from dart.events import BatchAssembled, TrainStepCompleted, WeightsPublished
 from dart.events.manifest import BatchManifest
-from dart.train.batch import Dropped, ModelBatch, micro_batches, prepare_samples, step_mask
+from dart.train.batch import Dropped, ModelBatch, micro_batches, prepare_samples
 from dart.train.checkpoint import (
     TrainState,
     commit_checkpoint,
@@ -133,7 +137,7 @@ class Trainer:
         return False
 
     def prepare(self, manifest: BatchManifest) -> Prepared:
-        """Advantages, rebuilt prompts (mismatches dropped and logged), the entropy mask, micro-batches."""
+        """Advantages, rebuilt prompts (mismatches dropped and logged), micro-batches."""
         start = time.perf_counter()
         samples, dropped = prepare_samples(manifest, tokenizer=self.tokenizer,
                                            image_processor=self.image_processor, load_image=self.load_image,
@@ -141,8 +145,7 @@ class Trainer:
         for d in dropped:
             log.warning("batch %s: dropped step %d of %s (%s: %s)", manifest.batch_id, d.step_index,
                         d.rollout_id, d.reason, d.detail)
-        mask_B = step_mask(samples, self.cfg.loss.entropy_top_frac)
-        batches = micro_batches(samples, mask_B, size=self.cfg.engine.micro_batch_samples, pad_id=self.pad_id)
+        batches = micro_batches(samples, size=self.cfg.engine.micro_batch_samples, pad_id=self.pad_id)
         adv_B = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
         return Prepared(manifest=manifest, batches=batches, dropped=dropped, adv_B=adv_B,
                         prepare_s=time.perf_counter() - start)
@@ -215,10 +218,56 @@ class _Signalled(asyncio.Event):
         self.set()
 
 
+Step = Callable[[BatchAssembled, BatchManifest, bytes], Awaitable[TrainStepCompleted | None]]
+"""One batch (its event, its manifest and the manifest's bytes): the update and its checkpoint; the
+report to send (None: nothing to train on). Raises TrainerHalted once the policy may have changed."""
+KeepAlive = Callable[[Callable[[], None]], AbstractAsyncContextManager[None]]
+"""What runs beside the loop while it serves, given a function that stops the loop (the ranks'
+ticks between batches); raising on exit halts the trainer."""
+Durable = Callable[[], Awaitable[None]]
+"""Makes the last update durable on a clean stop (a full checkpoint unless the last one was)."""
+
+
+def halted(trainer: Trainer, event: BatchAssembled, exc: BaseException, where: str = "") -> TrainerHalted:
+    return TrainerHalted(f"update on batch {event.batch_id} failed{where} ({type(exc).__name__}: {exc}); "
+                         f"restart the trainer: it resumes from {trainer.last_checkpoint}")
+
+
 async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
     """Run the trainer until SIGTERM/SIGINT; raises TrainerHalted when an update failed midway."""
     blobs = open_store(cfg.blobs)
     trainer = await asyncio.to_thread(Trainer, cfg, blobs)                     # resumes from its checkpoint
+
+    async def step(event: BatchAssembled, manifest: BatchManifest, body: bytes) -> TrainStepCompleted | None:
+        prepared = await asyncio.to_thread(trainer.prepare, manifest)           # nothing changed yet
+        try:
+            report = await asyncio.to_thread(trainer.update, prepared)          # the policy update
+            if report is not None:
+                await asyncio.to_thread(trainer.checkpoint)                     # durable before the commit
+            return report
+        except Exception as exc:
+            raise halted(trainer, event, exc) from exc
+
+    await serve_batches(trainer, bus, step)
+
+
+@contextlib.asynccontextmanager
+async def _nothing_beside(stop: Callable[[], None]) -> AsyncIterator[None]:
+    yield
+
+
+async def serve_batches(trainer: Trainer, bus: BusConfig, step: Step, keep_alive: KeepAlive = _nothing_beside,
+                        durable: Durable | None = None) -> None:
+    """The trainer service's loop, one rank's or rank 0's of several (:func:`dart.train.ranks.serve_ranks`):
+    announce the weights, then for each batch the update (``step``), its version and its report,
+    until SIGTERM/SIGINT; after ``max_updates`` it takes no more batches and idles until stopped.
+    A clean stop (or the cap) first makes the last update durable (``durable``: by default
+    :meth:`Trainer.make_durable`; several ranks write their parts together)."""
+    cfg = trainer.cfg
+
+    async def make_durable() -> None:
+        await (durable() if durable is not None else asyncio.to_thread(trainer.make_durable))
+
     producer = Producer(bus, client_id=cfg.worker_id)
     if trainer.state.weights_are_version:                                      # v0, or re-announce after a crash
         await producer.send(await asyncio.to_thread(trainer.publish))
@@ -230,23 +279,21 @@ async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
         event = delivered.event
         if not isinstance(event, BatchAssembled) or trainer.already_consumed(event):
             return
-        manifest = BatchManifest.from_bytes(blobs.get(event.manifest_digest))  # I/O; bad -> dead letter
-        prepared = await asyncio.to_thread(trainer.prepare, manifest)           # nothing changed yet
+        body = trainer.blobs.get(event.manifest_digest)                        # I/O
+        manifest = BatchManifest.from_bytes(body)                              # bad -> dead letter, nothing ran
+        report = await step(event, manifest, body)                             # the update, durable
+        if report is None:
+            return
         try:
-            report = await asyncio.to_thread(trainer.update, prepared)          # the policy update
-            if report is None:
-                return
-            await asyncio.to_thread(trainer.checkpoint)                         # durable before the commit
             if trainer.state.weights_are_version:
-                await producer.send(await asyncio.to_thread(trainer.publish))   # rollout workers swap
+                await producer.send(await asyncio.to_thread(trainer.publish))  # rollout workers swap
             await producer.send(report)
-            if capped():
-                log.info("update %d of max_updates=%d done: taking no more batches, idle until stopped",
-                         trainer.state.step, cfg.max_updates)
-                consumer.stop()
         except Exception as exc:
-            raise TrainerHalted(f"update on batch {event.batch_id} failed ({type(exc).__name__}: {exc}); "
-                                f"restart the trainer: it resumes from {trainer.last_checkpoint}") from exc
+            raise halted(trainer, event, exc) from exc
+        if capped():
+            log.info("update %d of max_updates=%d done: taking no more batches, idle until stopped",
+                     trainer.state.step, cfg.max_updates)
+            consumer.stop()
 
     # A batch comes every several seconds: a fetch may wait long on the broker (a short wait is a
     # broker request 50 times a second for nothing).
@@ -257,14 +304,20 @@ async def serve(cfg: TrainerConfig, bus: BusConfig) -> None:
                         commit_when=lambda: trainer.durable)
     signalled = _Signalled()
     stop_on_signals(consumer, signalled)
+
+    def stop() -> None:
+        consumer.stop()
+        signalled.stop()
+
     try:
-        if not capped():
-            # After the capping update the consumer commits it and stops: the batches after stay
-            # uncommitted in the log, for a run resumed with a higher cap.
-            await consumer.run()
-        await asyncio.to_thread(trainer.make_durable)
-        if capped():  # idle rather than exit: a supervisor restarts a service that exits
-            await signalled.wait()
+        async with keep_alive(stop):
+            if not capped():
+                # After the capping update the consumer commits it and stops: the batches after stay
+                # uncommitted in the log, for a run resumed with a higher cap.
+                await consumer.run()
+            await make_durable()                                              # a clean stop: a full checkpoint
+            if capped():  # idle rather than exit: a supervisor restarts a service that exits
+                await signalled.wait()
     finally:
         await asyncio.to_thread(producer.flush)
         if "transfer" in vars(trainer):  # tell a weights group's workers (they rejoin the next trainer)

@@ -193,8 +193,9 @@ def test_a_short_dart_up_runs_on_the_tls_dev_broker(tmp_path) -> None:
     config = tmp_path / "up.yaml"
     config.write_text(
         f"run_id: tlsup\nworkdir: {tmp_path / 'run'}\nrl_minutes: 1.5\nmax_trajectories: 2\nevaluate: false\n"
-        "recipe: {train_tasks: 2, eval_tasks: 2, eval_episodes: 2, sft_demos: 2, sft_steps: 1, tasks_per_update: 1, "
-        "group_size: 2, max_new_tokens: 8}\nenv: {slots: 2}\n")
+        "recipe: {train_tasks: 2, eval_tasks: 2, eval_episodes: 2, sft_demos: 2, sft_steps: 1}\n"
+        "data: {batcher: {groups_per_batch: 1}, curation: {n_default: 2}, scheduler: {max_new_tokens: 8}}\n"
+        "env: {slots: 2}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DART_KAFKA_")}
     env.update(PYTHONPATH=str(ROOT), DART_DEV_BROKER_TLS="1")
     done = subprocess.run([sys.executable, "-m", "dart.cli", "up", str(config)], env=env, capture_output=True,

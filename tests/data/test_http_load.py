@@ -46,8 +46,9 @@ def test_the_endpoint_under_load_beside_a_short_dart_up(tmp_path: Path) -> None:
     config = tmp_path / "up.yaml"
     config.write_text(
         f"run_id: loadup\nworkdir: {run}\nrl_minutes: 0.5\nmax_trajectories: 2\nevaluate: false\n"
-        "recipe: {train_tasks: 2, eval_tasks: 2, eval_episodes: 2, sft_demos: 2, sft_steps: 1, tasks_per_update: 1, "
-        "group_size: 2, max_new_tokens: 8}\nenv: {slots: 2}\n")
+        "recipe: {train_tasks: 2, eval_tasks: 2, eval_episodes: 2, sft_demos: 2, sft_steps: 1}\n"
+        "data: {batcher: {groups_per_batch: 1}, curation: {n_default: 2}, scheduler: {max_new_tokens: 8}}\n"
+        "env: {slots: 2}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DART_KAFKA_")}
     env["PYTHONPATH"] = str(ROOT)
     up = subprocess.Popen([sys.executable, "-m", "dart.cli", "up", str(config)], env=env, stdout=subprocess.PIPE,

@@ -145,8 +145,9 @@ def test_installed_dart_runs_outside_the_checkout(venv: Path, tmp_path: Path) ->
     # A short `dart up` (warm start, one RL update, no evaluation), its run directory where it was asked.
     (elsewhere / "tiny.yaml").write_text(
         "run_id: wheel\nworkdir: run\nrl_minutes: 3\nmax_updates: 1\nevaluate: false\nexperience_tasks: 4\n"
-        "recipe: {train_tasks: 6, eval_tasks: 2, sft_demos: 4, sft_steps: 2, tasks_per_update: 1, group_size: 2,"
-        " max_new_tokens: 16}\nenv: {slots: 4}\n")
+        "recipe: {train_tasks: 6, eval_tasks: 2, sft_demos: 4, sft_steps: 2}\n"
+        "data: {batcher: {groups_per_batch: 1}, curation: {n_default: 2}, scheduler: {max_new_tokens: 16}}\n"
+        "env: {slots: 4}\n")
     up = run(venv, elsewhere, dart, "up", "tiny.yaml", timeout=240)
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
     summary = json.loads((elsewhere / "run" / "summary.json").read_text())

@@ -38,7 +38,7 @@ from dart.events import Sampling
 from dart.events.manifest import BatchManifest
 from dart.rollout.engine import GenerateRequest, Generation
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig
-from dart.train.batch import ModelBatch, micro_batches, prepare_samples, step_mask
+from dart.train.batch import ModelBatch, micro_batches, prepare_samples
 from dart.train.checkpoint import RNG_FILE, TrainState, commit_checkpoint, load_rng
 from dart.train.config import EngineConfig, OptimConfig
 from dart.train.engine import ReferencePolicy, TorchEngine
@@ -182,7 +182,7 @@ def one_update(model_dir: Path, store: LocalBlobStore, manifest: BatchManifest, 
     samples, dropped = prepare_samples(manifest, tokenizer=policy.tokenizer, image_processor=policy.image_processor,
                                        load_image=store.get, prompt_cfg=_train.SMALL)
     assert not dropped
-    batches: list[ModelBatch] = micro_batches(samples, step_mask(samples, 1.0), size=MICRO,
+    batches: list[ModelBatch] = micro_batches(samples, size=MICRO,
                                               pad_id=policy.pad_token_id)
     before = _flat(engine.full_state_dict())
     with torch.no_grad():
@@ -262,7 +262,7 @@ def test_a_gpu_engine_checkpoint_resumes_the_same_update(model_dir, store, batch
                           EngineConfig(device=DEVICE, dtype="float32", micro_batch_samples=MICRO))
         samples, _ = prepare_samples(batch, tokenizer=policy.tokenizer, image_processor=policy.image_processor,
                                      load_image=store.get, prompt_cfg=_train.SMALL)
-        return eng, micro_batches(samples, step_mask(samples, 1.0), size=MICRO, pad_id=policy.pad_token_id)
+        return eng, micro_batches(samples, size=MICRO, pad_id=policy.pad_token_id)
 
     first, batches = engine()
     apply_update(first, batches, LossConfig(kl_coef=0.0))

@@ -34,7 +34,7 @@ from dart.agent.model import Policy, load_policy
 from dart.agent.weight_format import write_weights
 from dart.blobs import LocalBlobStore
 from dart.events.manifest import BatchManifest
-from dart.train.batch import ModelBatch, micro_batches, prepare_samples, step_mask
+from dart.train.batch import ModelBatch, micro_batches, prepare_samples
 from dart.train.checkpoint import TrainState, commit_checkpoint
 from dart.train.config import EngineConfig, OptimConfig
 from dart.train.engine import DeepSpeedEngine, ReferencePolicy
@@ -101,7 +101,7 @@ def samples(policy: Policy, store: LocalBlobStore, manifest: BatchManifest) -> l
     found, dropped = prepare_samples(manifest, tokenizer=policy.tokenizer, image_processor=policy.image_processor,
                                      load_image=store.get, prompt_cfg=_cuda._train.SMALL)
     assert not dropped
-    return micro_batches(found, step_mask(found, 1.0), size=MICRO, pad_id=policy.pad_token_id)
+    return micro_batches(found, size=MICRO, pad_id=policy.pad_token_id)
 
 
 def ds_engine(model_dir: Path, store: LocalBlobStore, manifest: BatchManifest,

@@ -52,8 +52,8 @@ def test_a_run_is_watched_live_and_rebuilt_equal_from_its_archive(tmp_path):
     data = {
         "run_id": "watch", "workdir": str(run), "rl_minutes": 4, "max_updates": 3, "evaluate": False,
         "experience_tasks": 4,
-        "recipe": {"train_tasks": 6, "eval_tasks": 2, "sft_demos": 4, "sft_steps": 2,
-                   "tasks_per_update": 1, "group_size": 2, "max_new_tokens": 16},
+        "recipe": {"train_tasks": 6, "eval_tasks": 2, "sft_demos": 4, "sft_steps": 2},
+        "data": {"batcher": {"groups_per_batch": 1}, "curation": {"n_default": 2}, "scheduler": {"max_new_tokens": 16}},
         "env": {"slots": 4},
     }
     cfg = build(StackConfig, data)

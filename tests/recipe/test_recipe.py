@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dart.agent.actions import Click
-from dart.agent.prompt import PromptConfig
 from dart.agent.uitars import parse_actions
+from dart.config import build
 from dart.env.synthetic import generate_tasks, oracle_plan, screen_of
 from dart.errors import ConfigError
 from dart.events import Sampling
@@ -21,15 +21,23 @@ from dart.recipe.episodes import Trajectory, eval_schedule, run_episode, samplin
 from dart.recipe.learn import batch_of, run_recipe
 from dart.recipe.warmstart import demo_tasks, oracle_text, template_of
 from dart.rollout.engine import GenerateRequest, Generation
+from dart.stack.config import StackConfig
 
 TINY = generate_tasks(6, preset="tiny", seed=0)
 CLICK_TASK = next(t for t in TINY if len(oracle_plan(t)) == 1)
 TWO_STEP_TASK = next(t for t in generate_tasks(40, preset="tiny", seed=0) if len(oracle_plan(t)) == 2)
+SMALL = {"data": {"batcher": {"groups_per_batch": 2}}}
+"""Two tasks an update: what a recipe of a few training tasks needs."""
+
+
+def tree(recipe: dict | None = None, **sections: dict) -> StackConfig:
+    """A run's config tree: the recipe's knobs and the services' sections laid over its preset."""
+    return build(StackConfig, {"recipe": recipe or {}, **sections})
 
 
 def test_recipe_refuses_a_group_of_one_and_too_many_demos() -> None:
-    with pytest.raises(ConfigError, match="group_size"):
-        Recipe(group_size=1)
+    with pytest.raises(ConfigError, match=r"data\.curation\.n_min"):
+        tree(data={"curation": {"n_default": 1}})
     with pytest.raises(ConfigError, match="sft_demos"):
         Recipe(train_tasks=10, sft_demos=11)
 
@@ -46,21 +54,21 @@ def test_demo_tasks_are_the_first_sft_demos_of_the_listed_templates() -> None:
     train = generate_tasks(30, preset="tiny", seed=0)
     kinds = [template_of(t) for t in train]
     assert {"click_color", "check_then_ok"} <= set(kinds)
-    only = demo_tasks(train, Recipe(train_tasks=30, tasks_per_update=8, sft_demos=4, sft_templates=("check_then_ok",)))
+    only = demo_tasks(train, Recipe(train_tasks=30, sft_demos=4, sft_templates=("check_then_ok",)))
     assert only == [t for t in train if template_of(t) == "check_then_ok"][:4]
-    assert demo_tasks(train, Recipe(train_tasks=30, tasks_per_update=8, sft_demos=5)) == train[:5]
+    assert demo_tasks(train, Recipe(train_tasks=30, sft_demos=5)) == train[:5]
 
 
 def test_withheld_words_give_no_demonstrations() -> None:
     train = generate_tasks(60, preset="tiny", seed=0)
-    demos = demo_tasks(train, Recipe(train_tasks=60, tasks_per_update=8, sft_demos=60, sft_withhold=("Yellow",)))
+    demos = demo_tasks(train, Recipe(train_tasks=60, sft_demos=60, sft_withhold=("Yellow",)))
     assert demos == [t for t in train if "yellow" not in t["instruction"]]
     assert len(demos) < len(train)  # some tasks did name yellow
-    both = demo_tasks(train, Recipe(train_tasks=60, tasks_per_update=8, sft_demos=60, sft_withhold=("yellow", "box")))
+    both = demo_tasks(train, Recipe(train_tasks=60, sft_demos=60, sft_withhold=("yellow", "box")))
     assert both == [t for t in demos if not t["instruction"].startswith("Check the box")]
     # Whole words only: withholding "red" keeps a task that names no red, whatever its other words.
     assert all("red" not in t["instruction"].split()
-               for t in demo_tasks(train, Recipe(train_tasks=60, tasks_per_update=8, sft_demos=60, sft_withhold=("red",))))
+               for t in demo_tasks(train, Recipe(train_tasks=60, sft_demos=60, sft_withhold=("red",))))
 
 
 def test_recipe_refuses_a_target_success_outside_0_1() -> None:
@@ -79,7 +87,7 @@ def test_an_all_fail_group_gets_the_oracle_solution_in_place_of_one_failure(tmp_
     by_id = {t["id"]: t for t in (CLICK_TASK, TWO_STEP_TASK)}
     trajectories = [_traj("fail", "a", 0.0, TWO_STEP_TASK["id"]), _traj("fail", "b", 0.0, TWO_STEP_TASK["id"]),
                     _traj("mixed", "c", 1.0, CLICK_TASK["id"]), _traj("mixed", "d", 0.0, CLICK_TASK["id"])]
-    manifest = batch_of(trajectories, update=3, recipe=Recipe(inject_experience=True), policy=policy,
+    manifest = batch_of(trajectories, update=3, cfg=tree(), policy=policy,
                         store=LocalBlobStore(tmp_path / "blobs"), tasks=by_id)
     oracle = [s for s in manifest.samples if s.origin == "oracle"]
     assert [s.step_index for s in oracle] == [0, 1]  # the two oracle steps of the failed task
@@ -92,21 +100,24 @@ def test_an_all_fail_group_gets_the_oracle_solution_in_place_of_one_failure(tmp_
 
 def test_oracle_text_parses_back_to_the_oracle_action() -> None:
     action = oracle_plan(CLICK_TASK)[0]
-    recipe = Recipe()
-    text = oracle_text(action, (112, 112), recipe)
+    cfg = tree()
+    text = oracle_text(action, (112, 112), cfg)
     assert text.startswith("Action: click(start_box='(")
     assert "Thought" not in text
-    (parsed,) = parse_actions(text, screen=(112, 112), convention=recipe.convention,
-                              min_pixels=recipe.prompt.min_pixels, max_pixels=recipe.prompt.max_pixels)
+    prompt = cfg.rollout.prompt
+    (parsed,) = parse_actions(text, screen=(112, 112), convention=cfg.rollout.convention,
+                              min_pixels=prompt.min_pixels, max_pixels=prompt.max_pixels)
     assert isinstance(parsed, Click)
     assert (parsed.x, parsed.y) == (pytest.approx(action.x, abs=0.5), pytest.approx(action.y, abs=0.5))
 
 
 def test_oracle_text_refuses_pixel_bounds_the_renderer_does_not_use() -> None:
-    small = Recipe(prompt=PromptConfig(min_pixels=56 * 56, max_pixels=56 * 56), convention="qwen25vl")
-    with pytest.raises(ConfigError, match="pixel"):
-        oracle_text(Click(x=83.0, y=29.0), (112, 112), small)
-    relative = Recipe(prompt=small.prompt, convention="qwen2vl")
+    small = {"prompt": {"min_pixels": 56 * 56, "max_pixels": 56 * 56}}
+    # A run given its policy writes no oracle answer: its config takes qwen25vl with any bounds.
+    given = tree(warm_model="runs/x/warm", rollout={**small, "convention": "qwen25vl"})
+    with pytest.raises(ConfigError, match=r"rollout\.convention: oracle answer .* pixel"):
+        oracle_text(Click(x=83.0, y=29.0), (112, 112), given)
+    relative = tree(rollout={**small, "convention": "qwen2vl"})
     assert oracle_text(Click(x=83.0, y=29.0), (112, 112), relative) == "Action: click(start_box='(741,259)')"
 
 
@@ -131,16 +142,16 @@ def test_sft_stops_at_the_first_check_that_reaches_its_target(tmp_path: Path, mo
 
     scripted, calls = iter([0.2, 0.6, 0.9]), []
 
-    def fake_evaluate(policy, tasks, episodes, *, store, recipe, phase=0):
+    def fake_evaluate(policy, tasks, episodes, *, store, cfg, phase=0):
         calls.append(([t["id"] for t in tasks], episodes))
         return next(scripted)
 
     monkeypatch.setattr(warmstart, "evaluate", fake_evaluate)
-    recipe = Recipe(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=50, sft_micro_batch=2, tasks_per_update=2,
-                    sft_target_success=0.5, sft_check_every=3, sft_check_episodes=4)
-    train, held_out = make_tasks(recipe)
+    cfg = tree(dict(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=50, sft_micro_batch=2, sft_target_success=0.5,
+                    sft_check_every=3, sft_check_episodes=4), **SMALL)
+    train, held_out = make_tasks(cfg.recipe)
     lines: list[str] = []
-    warm = warmstart.warm_start(recipe, tmp_path, LocalBlobStore(tmp_path / "blobs"), train, log=lines.append)
+    warm = warmstart.warm_start(cfg, tmp_path, LocalBlobStore(tmp_path / "blobs"), train, log=lines.append)
     assert (warm / "model.safetensors").is_file()
     assert len(calls) == 2  # steps 3 and 6; the second reached 0.6 >= 0.5
     assert lines[-2:] == ["sft step 6: training-task success 0.600 (target 0.5)", "sft step 6: warm start reached its target"]
@@ -157,15 +168,15 @@ def test_sft_checks_closer_once_success_leaves_zero(tmp_path: Path, monkeypatch)
 
     scripted = iter([0.0, 0.0, 0.1, 0.0, 0.2, 0.4])
 
-    def fake_evaluate(policy, tasks, episodes, *, store, recipe, phase=0):
+    def fake_evaluate(policy, tasks, episodes, *, store, cfg, phase=0):
         return next(scripted)
 
     monkeypatch.setattr(warmstart, "evaluate", fake_evaluate)
-    recipe = Recipe(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=50, sft_micro_batch=2, tasks_per_update=2,
-                    sft_target_success=0.3, sft_check_every=6, sft_fine_check_every=2, sft_check_episodes=4)
-    train, _ = make_tasks(recipe)
+    cfg = tree(dict(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=50, sft_micro_batch=2, sft_target_success=0.3,
+                    sft_check_every=6, sft_fine_check_every=2, sft_check_episodes=4), **SMALL)
+    train, _ = make_tasks(cfg.recipe)
     lines: list[str] = []
-    warmstart.warm_start(recipe, tmp_path, LocalBlobStore(tmp_path / "blobs"), train, log=lines.append)
+    warmstart.warm_start(cfg, tmp_path, LocalBlobStore(tmp_path / "blobs"), train, log=lines.append)
     checks = [line.split(":")[0] for line in lines if "training-task success" in line]
     assert checks == ["sft step 6", "sft step 12", "sft step 18", "sft step 20", "sft step 22", "sft step 24"]
     assert lines[-1] == "sft step 24: warm start reached its target"
@@ -183,16 +194,16 @@ def test_sft_that_misses_its_target_keeps_the_best_checks_weights(tmp_path: Path
 
     scripted, at_check = iter([0.2, 0.4, 0.0]), []
 
-    def fake_evaluate(policy, tasks, episodes, *, store, recipe, phase=0):
+    def fake_evaluate(policy, tasks, episodes, *, store, cfg, phase=0):
         at_check.append({k: v.detach().clone() for k, v in policy.model.state_dict().items()})
         return next(scripted)
 
     monkeypatch.setattr(warmstart, "evaluate", fake_evaluate)
-    recipe = Recipe(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=9, sft_micro_batch=2, tasks_per_update=2,
-                    sft_target_success=0.9, sft_check_every=3, sft_check_episodes=4, sft_lr=1e-2)
-    train, _ = make_tasks(recipe)
+    cfg = tree(dict(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=9, sft_micro_batch=2, sft_target_success=0.9,
+                    sft_check_every=3, sft_check_episodes=4, sft_lr=1e-2), **SMALL)
+    train, _ = make_tasks(cfg.recipe)
     lines: list[str] = []
-    warm = warmstart.warm_start(recipe, tmp_path, LocalBlobStore(tmp_path / "blobs"), train, log=lines.append)
+    warm = warmstart.warm_start(cfg, tmp_path, LocalBlobStore(tmp_path / "blobs"), train, log=lines.append)
     assert lines[-1] == "sft: target 0.9 not reached; keeping step 6 (training-task success 0.400, the last check 0.000)"
     saved = load_policy(warm).model.state_dict()
     moved = [k for k in saved if not torch.equal(at_check[1][k], at_check[2][k])]
@@ -228,11 +239,11 @@ def _traj(group: str, rid: str, reward: float, task_id: str = "t") -> Trajectory
 def test_the_batch_keeps_only_groups_with_a_success_and_a_failure_as_the_data_manager_does() -> None:
     trajectories = [_traj("all-ok", "a", 1.0), _traj("all-ok", "b", 1.0), _traj("mixed", "c", 1.0),
                     _traj("mixed", "d", 0.0), _traj("all-bad", "e", 0.0), _traj("all-bad", "f", 0.0)]
-    manifest = batch_of(trajectories, update=0, recipe=Recipe())
+    manifest = batch_of(trajectories, update=0, cfg=tree())
     assert [s.rollout_id for s in manifest.samples] == ["c", "d"]
     assert [s.reward for s in manifest.samples] == [1.0, 0.0]
     assert (manifest.stats["dropped_groups/all_success"], manifest.stats["dropped_groups/all_fail"]) == (1.0, 1.0)
-    kept_all = batch_of(trajectories, update=0, recipe=Recipe(drop_uniform_groups=False))
+    kept_all = batch_of(trajectories, update=0, cfg=tree({"drop_uniform_groups": False}))
     assert [s.rollout_id for s in kept_all.samples] == ["a", "b", "c", "d", "e", "f"]
 
 
@@ -250,19 +261,19 @@ class ScriptedEngine:
                           finish_reason="stop", prompt_token_ids=[7, 8, 9], policy_version=0)
 
 
-def _episode(task: dict, answers: list[str], tmp_path: Path, **recipe: object) -> tuple[Trajectory, ScriptedEngine]:
+def _episode(task: dict, answers: list[str], tmp_path: Path, **sections: dict) -> tuple[Trajectory, ScriptedEngine]:
     from dart.blobs import LocalBlobStore
 
     engine = ScriptedEngine(answers)
     sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=8, seed=1)
-    traj = asyncio.run(run_episode(engine, task, store=LocalBlobStore(tmp_path / "blobs"), recipe=Recipe(**recipe),
+    traj = asyncio.run(run_episode(engine, task, store=LocalBlobStore(tmp_path / "blobs"), cfg=tree(**sections),
                                    sampling=lambda i: sampling, group_id="g", rollout_id="r"))
     return traj, engine
 
 
 def test_episode_of_scripted_oracle_answers_succeeds_with_history(tmp_path: Path) -> None:
     screen = screen_of(TWO_STEP_TASK)
-    answers = [oracle_text(a, (screen["width"], screen["height"]), Recipe()) for a in oracle_plan(TWO_STEP_TASK)]
+    answers = [oracle_text(a, (screen["width"], screen["height"]), tree()) for a in oracle_plan(TWO_STEP_TASK)]
     traj, engine = _episode(TWO_STEP_TASK, answers, tmp_path)
     assert (traj.reward, traj.finish_reason, len(traj.steps)) == (1.0, "env_done", 2)
     assert [s.context.step_index for s in traj.steps] == [0, 1]
@@ -271,7 +282,7 @@ def test_episode_of_scripted_oracle_answers_succeeds_with_history(tmp_path: Path
 
 
 def test_episode_of_garbage_answers_runs_out_of_steps_with_reward_zero(tmp_path: Path) -> None:
-    traj, _ = _episode(CLICK_TASK, ["no action here"], tmp_path, max_steps=2)
+    traj, _ = _episode(CLICK_TASK, ["no action here"], tmp_path, data={"curation": {"max_steps": 2}})
     assert (traj.reward, traj.finish_reason, len(traj.steps)) == (0.0, "max_steps", 2)
 
 
@@ -280,11 +291,15 @@ def test_episode_ends_at_a_terminal_action(tmp_path: Path) -> None:
     assert (traj.reward, traj.finish_reason, len(traj.steps)) == (0.0, "finished", 1)
 
 
+TWO_OF_TWO = {"batcher": {"groups_per_batch": 2}, "curation": {"n_default": 2}, "scheduler": {"max_new_tokens": 8}}
+"""Two tasks an update, two rollouts each, 8 tokens an answer."""
+
+
 def test_minuscule_recipe_runs_end_to_end(tmp_path: Path) -> None:
-    recipe = Recipe(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=2, updates=2, tasks_per_update=2,
-                    group_size=2, eval_episodes=4, drop_uniform_groups=False, max_new_tokens=8)
+    cfg = tree(dict(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=2, updates=2, eval_episodes=4,
+                    drop_uniform_groups=False), data=TWO_OF_TWO)
     lines: list[str] = []
-    out = run_recipe(recipe, tmp_path / "run", log=lines.append)
+    out = run_recipe(cfg, tmp_path / "run", log=lines.append)
     assert {"warm_success", "rl_success", "delta", "eval_episodes", "train_success", "sft_s", "eval_warm_s",
             "rl_s", "eval_rl_s", "total_s"} <= out.keys()
     assert out["eval_episodes"] == 4
@@ -298,10 +313,10 @@ def test_minuscule_recipe_runs_end_to_end(tmp_path: Path) -> None:
 
 
 def test_held_out_curve_every_n_updates_ends_at_the_final_number(tmp_path: Path) -> None:
-    recipe = Recipe(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=2, updates=2, tasks_per_update=2,
-                    group_size=2, eval_episodes=4, drop_uniform_groups=False, max_new_tokens=8, eval_every=1)
+    cfg = tree(dict(train_tasks=6, eval_tasks=3, sft_demos=4, sft_steps=2, updates=2, eval_episodes=4,
+                    drop_uniform_groups=False, eval_every=1), data=TWO_OF_TWO)
     lines: list[str] = []
-    out = run_recipe(recipe, tmp_path / "run", log=lines.append)
+    out = run_recipe(cfg, tmp_path / "run", log=lines.append)
     assert [u for u, _ in out["held_out_curve"]] == [1, 2]
     # The last point is the final policy on the same tasks, greedy: the end number exactly.
     assert out["held_out_curve"][-1][1] == out["rl_success"]
@@ -323,10 +338,11 @@ def test_evaluation_outcomes_give_success_per_instruction(tmp_path: Path) -> Non
              and oracle_plan(t)[0] != oracle_plan(a)[0])
     screen = screen_of(a)
     # Every answer is a's solution: a is solved, b (another colour in another place) is not.
-    engine = ScriptedEngine([oracle_text(oracle_plan(a)[0], (screen["width"], screen["height"]), Recipe())])
+    engine = ScriptedEngine([oracle_text(oracle_plan(a)[0], (screen["width"], screen["height"]), tree())])
     outcomes: list[tuple[dict, bool]] = []
     rate = asyncio.run(evaluate_async(engine, [a, b], 4, store=LocalBlobStore(tmp_path / "blobs"),
-                                      recipe=Recipe(max_steps=1), outcomes=outcomes))
+                                      cfg=tree(data={"curation": {"max_steps": 1, "min_steps": 1}}),
+                                      outcomes=outcomes))
     assert rate == 0.5
     assert [(t["id"], solved) for t, solved in outcomes] == [(a["id"], True), (b["id"], False)] * 2
     assert success_by_instruction(outcomes, min_tasks=1) == {a["instruction"]: (1, 1.0), b["instruction"]: (1, 0.0)}

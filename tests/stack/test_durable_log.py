@@ -39,8 +39,8 @@ def test_kill_9_of_the_broker_mid_run_is_restored_from_the_archive_and_the_run_r
     cfg = build(StackConfig, {
         "run_id": "durable", "workdir": str(run), "rl_minutes": 10, "max_updates": 4, "evaluate": False,
         "experience_tasks": 6,
-        "recipe": {"train_tasks": 6, "eval_tasks": 2, "sft_demos": 4, "sft_steps": 2,
-                   "tasks_per_update": 1, "group_size": 2, "max_new_tokens": 16},
+        "recipe": {"train_tasks": 6, "eval_tasks": 2, "sft_demos": 4, "sft_steps": 2},
+        "data": {"batcher": {"groups_per_batch": 1}, "curation": {"n_default": 2}, "scheduler": {"max_new_tokens": 16}},
         "env": {"slots": 4},
     })
     result: dict = {}

@@ -41,9 +41,9 @@ def knobs_off(cfg: StackConfig, sections: dict) -> set[str]:
     loss = sections["trainer"]["train"]["loss"]
     knobs = {
         "no_experience": (cfg.experience_tasks == 0) and curation.get("inject_experience") is False,
-        "no_dynamic_rollouts": curation.get("n_min") == cfg.recipe.group_size,
+        "no_dynamic_rollouts": curation.get("n_min") == curation["n_default"],
         "no_dynamic_length": curation.get("adaptive_max_steps") is False,
-        "no_entropy_selection": loss["entropy_top_frac"] == 1.0 and curation["entropy_top_fraction"] == 1.0,
+        "no_entropy_selection": curation["entropy_top_fraction"] == 1.0,
         "no_tis": loss["tis"] == "off",
         "no_clip_higher": loss["eps_high"] == loss["eps_low"] == 0.1,
     }
@@ -105,12 +105,12 @@ def test_the_tables_put_each_runs_standard_error_beside_its_figures_and_the_spre
 
 
 def test_set_overrides_a_dotted_field_with_a_typed_value():
-    assert bench.dotted("recipe.rl_lr=3e-4") == {"recipe": {"rl_lr": 3e-4}}
+    assert bench.dotted("trainer.optim.lr=3e-4") == {"trainer": {"optim": {"lr": 3e-4}}}
     assert bench.dotted("max_updates=90") == {"max_updates": 90}
-    assert bench.dotted("recipe.loss.tis=sequence") == {"recipe": {"loss": {"tis": "sequence"}}}
+    assert bench.dotted("trainer.loss.tis=sequence") == {"trainer": {"loss": {"tis": "sequence"}}}
     assert bench.dotted("env.nice=[1, 2]") == {"env": {"nice": [1, 2]}}
     with pytest.raises(ConfigError, match="KEY=VALUE"):
-        bench.dotted("recipe.rl_lr")
+        bench.dotted("trainer.optim.lr")
 
 
 def test_the_per_seed_table_marks_cells_not_run_and_compares_on_shared_seeds_only():
@@ -137,5 +137,5 @@ def test_ablate_leaves_clip_higher_out_where_one_step_per_batch_makes_the_ratio_
     assert names == ["full", "no_experience", "no_dynamic_rollouts", "no_dynamic_length", "no_entropy_selection",
                      "no_tis"]
     assert note is not None and "one optimiser step per batch" in note
-    stepped = build(StackConfig, deep_merge(raw, {"recipe": {"ppo_minibatches": 4}}))
+    stepped = build(StackConfig, deep_merge(raw, {"trainer": {"ppo_minibatches": 4}}))
     assert bench.ablation_names(stepped) == (["full", *bench.KNOBS], None)

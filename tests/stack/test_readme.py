@@ -81,8 +81,8 @@ SHORT = {
 TINY = {
     "run_id": "local", "workdir": "runs/local", "rl_minutes": 8, "max_updates": 100, "evaluate": False,
     "experience_tasks": 4,  # oracle successes injected into all-fail groups: batches, so updates
-    "recipe": {"train_tasks": 6, "eval_tasks": 4, "sft_demos": 4, "sft_steps": 2, "tasks_per_update": 1,
-               "group_size": 2, "max_new_tokens": 16},
+    "recipe": {"train_tasks": 6, "eval_tasks": 4, "sft_demos": 4, "sft_steps": 2},
+    "data": {"batcher": {"groups_per_batch": 1}, "curation": {"n_default": 2}, "scheduler": {"max_new_tokens": 16}},
     "env": {"slots": 4},
     "trainer": {"keep_checkpoints": 1000},  # `replay update 1` needs step 0's checkpoint
 }

@@ -63,7 +63,7 @@ def test_select_version_checks_only_the_named_versions():
 
 
 def test_dev_tasks_are_training_split_tasks_never_trained_on_and_not_held_out():
-    recipe = Recipe(train_tasks=50, sft_demos=50, tasks_per_update=8, eval_tasks=40, dev_tasks=30)
+    recipe = Recipe(train_tasks=50, sft_demos=50, eval_tasks=40, dev_tasks=30)
     train, held_out = make_tasks(recipe)
     dev = make_dev_tasks(recipe)
     ids = [t["id"] for t in dev]
@@ -71,7 +71,7 @@ def test_dev_tasks_are_training_split_tasks_never_trained_on_and_not_held_out():
     assert not set(ids) & {t["id"] for t in train}
     assert not set(ids) & {t["id"] for t in held_out}
     assert {t["config"][0]["parameters"]["split"] for t in dev} == {"train"}
-    assert make_dev_tasks(Recipe(train_tasks=50, sft_demos=50, tasks_per_update=8, eval_tasks=40)) == []
+    assert make_dev_tasks(Recipe(train_tasks=50, sft_demos=50, eval_tasks=40)) == []
 
 
 def test_a_negative_dev_task_count_is_refused_with_the_field_named():
@@ -88,8 +88,9 @@ def test_a_version_missing_from_the_blob_store_hands_over_the_last_checkpoint(ti
     store) stops the check with one line, and the run hands over its last checkpoint instead
     of ending after RL without a held-out figure."""
     cfg = build(StackConfig, {"run_id": "sel", "workdir": str(tmp_path / "run"),
-                              "recipe": {"train_tasks": 6, "eval_tasks": 2, "sft_demos": 4, "tasks_per_update": 1, "dev_tasks": 3,
-                                         "check_every": 1}})
+                              "recipe": {"train_tasks": 6, "eval_tasks": 2, "sft_demos": 4, "dev_tasks": 3,
+                                         "check_every": 1},
+                              "data": {"batcher": {"groups_per_batch": 1}}})
     checkpoint = tmp_path / "ckpt-2"
     checkpoint.mkdir()
     own = load_policy(tiny_dir).model.state_dict()

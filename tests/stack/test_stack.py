@@ -39,12 +39,12 @@ def test_the_default_config_builds_every_service(tmp_path):
 
 
 def test_rollout_workers_and_trainer_get_the_same_prompt_and_model(tmp_path):
-    out = sections({"rollout": {"workers": 2}, "recipe": {"prompt": {"max_images": 3}}}, tmp_path)
+    out = sections({"rollout": {"workers": 2, "prompt": {"max_images": 3}}}, tmp_path)
     prompts = [out[n][1].prompt for n in ("rollout-0", "rollout-1", "trainer")]
     assert prompts[0].max_images == 3 and all(p == prompts[0] for p in prompts)
+    assert prompts[0].template == "compact"  # the recipe's prompt, with the one change laid over it
     assert out["rollout-1"][1].model == str(out["trainer"][1].model) == str(tmp_path / "warm")
-    assert out["data-manager"][1].batcher.groups_per_batch == build(StackConfig, {}).recipe.tasks_per_update
-    with pytest.raises(ConfigError, match=r"trainer.prompt: differs from recipe.prompt"):
+    with pytest.raises(ConfigError, match=r"trainer\.prompt: differs from rollout\.prompt"):
         build(StackConfig, {"trainer": {"prompt": {"max_images": 3}}})
 
 
@@ -65,15 +65,16 @@ def test_a_mistake_in_any_service_is_refused_naming_the_field(data, message, tmp
 def test_stack_level_mistakes_name_the_field():
     with pytest.raises(ConfigError, match="pipeline: input should be 'decoupled' or 'coupled'"):
         build(StackConfig, {"pipeline": "lockstep"})
-    with pytest.raises(ConfigError, match=r"recipe.group_size"):
-        build(StackConfig, {"recipe": {"group_size": 1}})
+    with pytest.raises(ConfigError, match=r"^data\.batcher\.groups_per_batch: must be <= recipe\.train_tasks"):
+        build(StackConfig, {"recipe": {"train_tasks": 10, "sft_demos": 10}})
 
 
 def test_the_recipe_presets_the_services_and_the_file_wins(tmp_path):
-    out = sections({"recipe": {"rl_lr": 1e-4, "group_size": 4}}, tmp_path)
-    assert out["trainer"][1].optim.lr == 1e-4 and out["data-manager"][1].curation.n_default == 4
-    out = sections({"recipe": {"rl_lr": 1e-4}, "trainer": {"optim": {"lr": 2e-4}}}, tmp_path)
-    assert out["trainer"][1].optim.lr == 2e-4 and out["trainer"][1].optim.max_grad_norm == 2.0
+    out = sections({}, tmp_path)
+    assert out["trainer"][1].optim.lr == 6e-4 and out["data-manager"][1].curation.max_steps == 3
+    out = sections({"trainer": {"optim": {"lr": 2e-4}}, "data": {"curation": {"n_default": 4}}}, tmp_path)
+    assert out["trainer"][1].optim.lr == 2e-4 and out["trainer"][1].optim.weight_decay == 0.0
+    assert out["data-manager"][1].curation.n_default == 4 and out["data-manager"][1].curation.max_steps == 3
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))

@@ -40,12 +40,16 @@ def test_a_short_run_trains_swaps_weights_and_replays_equal(broker, tmp_path):
         "run_id": "e2e", "workdir": str(tmp_path / "run"), "bootstrap": broker.bootstrap,
         "rl_minutes": 5, "max_updates": 2, "evaluate": True, "experience_tasks": 6,
         "recipe": {"train_tasks": 6, "eval_tasks": 30, "eval_episodes": 30, "sft_demos": 4, "sft_steps": 2,
-                   "tasks_per_update": 1, "group_size": 2, "max_new_tokens": 16,
                    "dev_tasks": 12, "check_every": 1},
+        "data": {"batcher": {"groups_per_batch": 1}, "curation": {"n_default": 2}, "scheduler": {"max_new_tokens": 16}},
         "env": {"slots": 4},
     }
     summary = up(build(StackConfig, raw))
     assert summary["updates"] >= 2 and summary["policy_version"] >= 2
+    # The summary records what each service ran with: the object in its own file.
+    for name, section in (("trainer", "train"), ("data-manager", "data"), ("rollout-0", "rollout")):
+        assert summary["services"][name] == yaml.safe_load((tmp_path / "run" / "config" / f"{name}.yaml").read_text())[
+            section], name
     assert summary["trajectories"] > 0
     # Held-out success, overall and per instruction that >= 5 of the 30 held-out tasks share.
     assert summary["delta"] == pytest.approx(summary["rl_success"] - summary["warm_success"])

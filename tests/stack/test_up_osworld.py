@@ -111,8 +111,9 @@ def test_a_short_osworld_run_scores_real_trajectories_with_real_evaluators(broke
     cfg = osworld_cfg(
         tmp_path, bootstrap=broker.bootstrap, rl_minutes=2.0, max_trajectories=2,
         tasks={"paths": [str(examples / "os" / f"{tid}.json") for tid in OS_TASKS]},
-        recipe={"sft_steps": 0, "group_size": 2, "tasks_per_update": 1, "max_steps": 2, "max_new_tokens": 16,
-                "prompt": {"max_images": 1, "max_pixels": 100 * 28 * 28}},
+        data={"curation": {"n_default": 2, "max_steps": 2}, "scheduler": {"max_new_tokens": 16},
+              "batcher": {"groups_per_batch": 1}},
+        rollout={"prompt": {"max_images": 1, "max_pixels": 100 * 28 * 28}},
         env={"backend": "xdesktop", "slots": 2, "xdesktop": {"width": 1024, "height": 768}},
     )
     summary = up(cfg)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dart.train.advantages import BatchError, entropy_step_mask, group_advantages, length_weights
+from dart.train.advantages import BatchError, group_advantages, length_weights
 
 
 def test_group_statistics_are_over_trajectories_not_step_samples() -> None:
@@ -66,17 +66,3 @@ def test_inconsistent_batches_are_refused_with_the_culprit_named() -> None:
     with pytest.raises(BatchError, match="non-finite"):
         group_advantages([math.nan], ["g"], ["a"])
 
-
-def test_entropy_mask_keeps_the_top_fraction_by_masked_mean_entropy() -> None:
-    # Sample 0's padding holds a huge entropy that must not count: its real mean is 1.0.
-    entropy = torch.tensor([[1.0, 1.0, 100.0], [2.0, 0.0, 0.0], [3.0, 3.0, 3.0], [0.5, 0.5, 0.5]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]])
-    assert entropy_step_mask(entropy, mask, 0.5).tolist() == [False, True, True, False]
-    assert entropy_step_mask(entropy, mask, 0.25).tolist() == [False, False, True, False]
-    assert entropy_step_mask(entropy, mask, 0.6).tolist() == [True, True, True, False]  # ceil(2.4) = 3
-    assert entropy_step_mask(entropy, mask, 1.0).all()
-
-
-def test_entropy_mask_ties_keep_batch_order() -> None:
-    entropy = torch.ones(4, 2)
-    assert entropy_step_mask(entropy, torch.ones(4, 2), 0.5).tolist() == [True, True, False, False]

@@ -155,3 +155,32 @@ async def test_two_ranks_train_shards_match_one_rank_and_survive_a_killed_rank(
     for seq in range(4):
         for rank in (0, 1):
             assert re.search(rf"rank {rank}: batch batch-{seq} \(seq {seq}\): 6 of 6 samples kept", text)
+
+
+async def test_two_ranks_stop_at_max_updates_and_idle_ticking_until_stopped(bus, tiny_dir, tiny_policy, tmp_path) -> None:
+    """One trainer loop for one rank or many: at ``max_updates`` rank 0 takes no more batches and
+    idles, its ticks keeping rank 1 inside the process group's timeout, until it is stopped."""
+    store = LocalBlobStore(tmp_path / "blobs")
+    await publish(bus, store, tiny_policy, range(3))
+    config = write_config(tmp_path / "capped.yaml", tiny_dir=tiny_dir, store=store, ckpt=tmp_path / "ckpt", bus=bus,
+                          name="trainer-capped")
+    body = yaml.safe_load(config.read_text())
+    body["train"].update(max_updates=1, ranks=2)
+    body["train"]["engine"]["dist_timeout_s"] = 8.0
+    config.write_text(yaml.safe_dump(body))
+    log = tmp_path / "capped.log"
+    proc = start(config, log)
+    try:
+        wait_for_seq(tmp_path / "ckpt", 0, proc, log)
+        # Longer than the group's timeout: rank 1 waits on ticks alone; an uncapped trainer would
+        # meanwhile take batches 1 and 2, which are on the topic.
+        time.sleep(12.0)
+        assert proc.poll() is None, "a capped trainer idles (a supervisor would restart one that exits)"
+    finally:
+        stop(proc)
+    state = read_state(latest_checkpoint(tmp_path / "ckpt"))
+    assert (state.step, state.seq) == (1, 0)
+    text = log.read_text()
+    assert "max_updates=1 done: taking no more batches" in text
+    assert "rank 1: stopped by rank 0" in text, text[-3000:]
+    assert await committed(bus, "trainer-capped", until=1) == 1

@@ -15,7 +15,7 @@ from dart.agent.weight_format import check_state_dict, state_dict_from_bytes, we
 from dart.blobs import LocalBlobStore
 from dart.errors import ConfigError
 from dart.events.manifest import BatchManifest
-from dart.train.batch import collate, micro_batches, prepare_samples, step_mask
+from dart.train.batch import collate, micro_batches, prepare_samples
 from dart.train.checkpoint import checkpoints, is_full, read_state
 from dart.train.config import EngineConfig, OptimConfig, TrainerConfig
 from dart.train.engine import ResponseScorer
@@ -46,7 +46,7 @@ def sample_logps(model, batch: BatchManifest, store, policy) -> torch.Tensor:
     """Mean response log-prob of every sample under ``model``."""
     samples, _ = prepare_samples(batch, tokenizer=policy.tokenizer, image_processor=policy.image_processor,
                                  load_image=store.get, prompt_cfg=SMALL)
-    mb = collate(samples, step_mask(samples, 1.0), pad_id=policy.pad_token_id)
+    mb = collate(samples, torch.ones(len(samples), dtype=torch.bool), pad_id=policy.pad_token_id)
     with torch.no_grad():
         logp, _ = ResponseScorer(model)(**mb.model_inputs())
     return (logp * mb.mask_B_T).sum(-1) / mb.mask_B_T.sum(-1)
@@ -58,7 +58,7 @@ def test_batched_scoring_with_padding_equals_one_sample_at_a_time(batch, store, 
                                        prompt_cfg=SMALL)
     assert not dropped and len(samples) == 12
     scorer = ResponseScorer(tiny_policy.model)
-    keep = step_mask(samples, 1.0)
+    keep = torch.ones(len(samples), dtype=torch.bool)
     together = collate(samples, keep, pad_id=tiny_policy.pad_token_id)
     assert len(set(together.attention_mask_B_L.sum(-1).tolist())) > 1  # really padded
     with torch.no_grad():
@@ -255,7 +255,7 @@ def test_a_sampled_vision_placeholder_token_drops_that_step_not_the_batch(batch,
                                                                           "vision_token")]
     assert str(pad) in dropped[0].detail and len(samples) == len(batch.samples) - 1
     with torch.no_grad():  # the rest still scores
-        ResponseScorer(tiny_policy.model)(**collate(samples, step_mask(samples, 1.0),
+        ResponseScorer(tiny_policy.model)(**collate(samples, torch.ones(len(samples), dtype=torch.bool),
                                                     pad_id=tiny_policy.pad_token_id).model_inputs())
 
 
