@@ -5,7 +5,10 @@ only as ``data:`` URLs — the server never fetches anything) and answers in the
 with vLLM's extensions: ``choices[0].token_ids``, top-level ``prompt_token_ids``, per-token
 ``logprobs.content[i]`` (``token``, ``logprob``, ``top_logprobs``) plus dart's own
 ``entropy`` beside each log-prob and ``dart_policy_version`` / ``dart_newer_version_seen``.
-``GET /v1/models`` and ``GET /health`` answer too. Binds 127.0.0.1 by default.
+``GET /v1/models`` and ``GET /health`` answer too. Binds 127.0.0.1 by default, and serves
+within the limits every dart HTTP server has (:mod:`dart.web.httplimits`): bounded connections,
+half-sent heads and idle connections closed, a Host that is an address or localhost and no
+foreign Origin (a web page renaming itself to this address gets a 403).
 
 Images are bounded by pixels before they are decoded (``ImageLimits``): each image's declared
 size is read from its header, and an image past the prompt's pixel budget, more images than a
@@ -31,6 +34,7 @@ from dart.agent.prompt import PromptConfig, decode_image
 from dart.errors import DartError
 from dart.events import Sampling
 from dart.rollout.engine import Engine, EngineError, GenerateRequest, TransientEngineError
+from dart.web.httplimits import ConnectionLimits, LimitedSite
 
 log = logging.getLogger(__name__)
 
@@ -211,14 +215,11 @@ def make_app(engine: Engine, *, model_name: str = "policy", tokenizer: Any = Non
     return app
 
 
-async def start_server(
-    app: web.Application, host: str = "127.0.0.1", port: int = 0
-) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` on host:port (0 = a free port); returns the runner and the bound port."""
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = int(runner.addresses[0][1])
-    log.info("dart serve: http://%s:%d/v1", host, bound)
-    return runner, bound
+async def start_server(app: web.Application, host: str = "127.0.0.1", port: int = 0,
+                       limits: ConnectionLimits | None = None) -> tuple[LimitedSite, int]:
+    """Serve ``app`` on host:port (0 = a free port) within ``limits``; returns the site (``stop()``
+    it) and the bound port."""
+    site = LimitedSite(limits or ConnectionLimits())
+    bound = await site.serve(app, host, port)
+    log.info("dart serve: http://%s:%d/v1 (at most %d connections)", host, bound, site.max_connections)
+    return site, bound
