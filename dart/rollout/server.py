@@ -22,6 +22,7 @@ import asyncio
 import base64
 import binascii
 import io
+import json
 import logging
 import time
 import uuid
@@ -37,6 +38,12 @@ from dart.rollout.engine import Engine, EngineError, GenerateRequest, TransientE
 from dart.web.httplimits import ConnectionLimits, LimitedSite
 
 log = logging.getLogger(__name__)
+
+
+BODY_TIMEOUT_S = 15.0
+"""A request's body (at most 64 MiB: a few screenshots as data URLs) must arrive within this: a
+client that sends half a body holds its connection no longer (heads and idle connections are
+bounded by ``dart.web.httplimits``)."""
 
 
 class BadRequest(DartError, ValueError):
@@ -145,7 +152,14 @@ def make_app(engine: Engine, *, model_name: str = "policy", tokenizer: Any = Non
 
     async def completions(request: web.Request) -> web.Response:
         try:
-            gen_request = await asyncio.to_thread(parse_request, await request.json(), limits)
+            raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+        except TimeoutError:
+            late = web.json_response({"error": {"message": f"the request body did not arrive within {BODY_TIMEOUT_S:g} s",
+                                                "type": "invalid_request_error"}}, status=408)
+            late.force_close()  # the rest of the body is not waited for either
+            return late
+        try:
+            gen_request = await asyncio.to_thread(lambda: parse_request(json.loads(raw), limits))
         except (DartError, ValueError) as exc:
             return web.json_response(
                 {"error": {"message": str(exc), "type": "invalid_request_error"}}, status=400

@@ -268,6 +268,9 @@ class LimitedSite:
         """Serve ``app`` (not yet started: this site's middleware goes first in it) on ``host:port``
         (0: a free port); returns the bound port. ``stop`` stops it all."""
         app.middlewares.insert(0, self.middleware)
+        # After a refusal (a 403, a late body) drain the unread body for at most a second, not
+        # aiohttp's 10 s, then drop the connection.
+        runner_kwargs.setdefault("lingering_time", 1.0)
         self._runner = web.AppRunner(app, access_log=None, **runner_kwargs)
         await self._runner.setup()
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
