@@ -1,7 +1,8 @@
-"""The dev broker's TLS front is bounded like dart's HTTP servers (issue 54), on real sockets with
-a throwaway CA: connections that never finish a handshake hold at most ``max_connections`` and are
-closed by the handshake deadline, a client with the CA's certificate still gets in at once, and
-established connections are never closed for newcomers (past the cap, a newcomer is)."""
+"""The dev broker's TLS front (dart/bus/broker_tls.py) is bounded like dart's HTTP servers
+(issue 54), on real sockets with a throwaway CA: connections that never finish a handshake hold
+at most ``max_connections`` and are closed by the handshake deadline, a client with the CA's
+certificate still gets in at once, and established connections are never closed for newcomers
+(past the cap, a newcomer is)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from dart.bus.broker import BrokerTls, TlsFront, free_port, throwaway_tls
+from dart.bus.broker import free_port
+from dart.bus.broker_tls import BrokerTls, TlsFront, throwaway_tls
 from dart.web.httplimits import ConnectionLimits
 
 pytestmark = pytest.mark.skipif(__import__("shutil").which("openssl") is None, reason="needs openssl")
