@@ -38,7 +38,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SERVICES = ("env", "rollout", "data", "train")
-KERNEL = ("events", "bus", "log", "blobs", "config", "errors", "resources", "rundir")
+KERNEL = ("events", "bus", "log", "blobs", "config", "errors", "resources", "rundir", "web")
 """Packages and modules of dart/ every service may import, besides the agent core."""
 KAFKA_CLIENTS = ("aiokafka", "confluent_kafka", "kafka")
 KAFKA_HOMES = ("bus", "log")
@@ -441,10 +441,11 @@ def test_the_rules_pass_a_tree_without_violations(tmp_path: Path) -> None:
 GUEST_AGENT_MODULES = {
     "dart", "dart.errors", "dart.events", "dart.events.types", "dart.agent", "dart.agent.actions", "dart.env",
     "dart.env.xdotool", "dart.env.guest_agent", "dart.env.guest_agent.protocol", "dart.env.guest_agent.server",
-    "dart.env.guest_agent.desktop",
+    "dart.env.guest_agent.desktop", "dart.web", "dart.web.httplimits", "dart.web.hostcheck",
 }
-"""What the guest agent runs: its server, the typed actions and their wire form, and xdotool (12
-modules; 25 before the xdotool wrapper left dart/env/xdesktop, fastavro and the codec among them)."""
+"""What the guest agent runs: its server, the typed actions and their wire form, xdotool, and the
+connection limits and Host/Origin check every dart HTTP server shares (15 modules; 25 before the
+xdotool wrapper left dart/env/xdesktop, fastavro and the codec among them)."""
 
 
 def test_the_guest_agent_imports_only_what_it_runs() -> None:
@@ -459,7 +460,7 @@ def test_the_guest_agent_imports_only_what_it_runs() -> None:
     loaded = set(out[0].split())
     assert loaded == GUEST_AGENT_MODULES, (f"more: {sorted(loaded - GUEST_AGENT_MODULES)}, "
                                            f"fewer: {sorted(GUEST_AGENT_MODULES - loaded)}")
-    assert len(loaded) == 12
+    assert len(loaded) == 15
     assert out[1] == "False False False"  # no codec, bus client or model in a VM
 
 

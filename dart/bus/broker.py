@@ -27,7 +27,6 @@ Secured dev broker (what tansu 0.6.0 as shipped can run; tests/bus/test_secured_
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.util
 import logging
@@ -35,21 +34,18 @@ import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from dart.bus.broker_tls import BrokerTls, TlsFront, throwaway_tls
 from dart.bus.config import BusConfig, BusSecurity
-from dart.bus.private_broker import splice
 from dart.bus.topics import CATALOGUE
 from dart.errors import BusError, ToolMissing
 
@@ -92,117 +88,6 @@ def broker_answers(bootstrap: str, timeout_s: float = 1.0, security: BusSecurity
         return True
     except KafkaException:
         return False
-
-
-@dataclass(frozen=True)
-class BrokerTls:
-    """A server certificate and key for the dev broker, the CA clients trust it with, and (for
-    mutual TLS) a client certificate and key signed by that CA: the front then refuses clients
-    without one."""
-
-    cert_file: Path
-    key_file: Path
-    ca_file: Path
-    client_cert_file: Path | None = None
-    client_key_file: Path | None = None
-
-
-def throwaway_tls(directory: Path, *, name: str = "dart-dev") -> BrokerTls:
-    """A fresh CA and a server certificate for 127.0.0.1/localhost signed by it (``openssl``,
-    one day; keys mode 0600). For tests and the dev broker only."""
-    directory.mkdir(parents=True, exist_ok=True)
-    d = directory
-    ext = d / f"{name}-ext.cnf"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
-                   "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
-    client_ext = d / f"{name}-client-ext.cnf"
-    client_ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
-                          "extendedKeyUsage=clientAuth\n")
-    steps = [
-        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}-ca.key", "-out", f"{name}-ca.pem",
-         "-days", "1", "-subj", f"/CN={name} throwaway CA"],
-        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", "/CN=127.0.0.1"],
-        ["x509", "-req", "-in", f"{name}.csr", "-CA", f"{name}-ca.pem", "-CAkey", f"{name}-ca.key", "-CAcreateserial",
-         "-out", f"{name}.pem", "-days", "1", "-extfile", ext.name],
-        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}-client.key", "-out", f"{name}-client.csr",
-         "-subj", "/CN=dart client"],
-        ["x509", "-req", "-in", f"{name}-client.csr", "-CA", f"{name}-ca.pem", "-CAkey", f"{name}-ca.key",
-         "-CAcreateserial", "-out", f"{name}-client.pem", "-days", "1", "-extfile", client_ext.name],
-    ]
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        raise ToolMissing("openssl is needed to make the dev broker's throwaway certificate (apt-get install openssl)")
-    for argv in steps:
-        done = subprocess.run([openssl, *argv], cwd=d, capture_output=True, text=True, check=False)
-        if done.returncode:
-            raise BusError(f"openssl {argv[0]} failed: {done.stderr.strip()}")
-    for key in (d / f"{name}-ca.key", d / f"{name}.key", d / f"{name}-client.key"):
-        key.chmod(0o600)
-    return BrokerTls(d / f"{name}.pem", d / f"{name}.key", d / f"{name}-ca.pem", d / f"{name}-client.pem",
-                     d / f"{name}-client.key")
-
-
-class TlsFront:
-    """TLS on ``port`` (loopback), forwarded byte for byte to the broker: the Unix socket
-    ``target`` (a path) or a plaintext loopback port (an int). With a client certificate in
-    ``tls``, a client must present one signed by the same CA (see the module docstring). Runs its
-    own event loop in a thread."""
-
-    def __init__(self, port: int, target: int | Path, tls: BrokerTls) -> None:
-        self.port, self.target, self.tls = port, target, tls
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> TlsFront:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.tls.cert_file, self.tls.key_file)
-        if self.tls.client_cert_file is not None:
-            context.verify_mode = ssl.CERT_REQUIRED  # mutual TLS: the CA's client certificate or nothing
-            context.load_verify_locations(cafile=str(self.tls.ca_file))
-        started = threading.Event()
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            loop = self._loop = asyncio.new_event_loop()
-            try:
-                server = loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", self.port,
-                                                                      ssl=context))
-            except OSError as exc:
-                errors.append(exc)
-                started.set()
-                return
-            started.set()
-            try:
-                loop.run_forever()
-            finally:
-                server.close()
-                loop.run_until_complete(server.wait_closed())
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="dart-tls-front", daemon=True)
-        self._thread.start()
-        started.wait(10)
-        if errors:
-            raise BusError(f"TLS front on port {self.port}: {errors[0]}")
-        return self
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            if isinstance(self.target, Path):
-                up_reader, up_writer = await asyncio.open_unix_connection(str(self.target))
-            else:
-                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
-        except OSError:
-            writer.close()
-            return
-
-        await splice(reader, writer, up_reader, up_writer)
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-        self._loop = self._thread = None
 
 
 class DevBroker:

@@ -16,20 +16,22 @@ pid), where `dart up` and a scraper find it: several workers and replicas share 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
+from aiohttp import web
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
 
 from dart.events import TrainStepCompleted, WeightsLoaded
+from dart.web.httplimits import ConnectionLimits, LimitedSite
 
 log = logging.getLogger(__name__)
 
@@ -111,75 +113,71 @@ async def lag(consumer: Any, group: str) -> None:
 # ---------------------------------------------------------------- the exporter
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """A scrape is not worth a log line."""
+class MetricsServer:
+    """/metrics of the default registry, served on an event loop of its own in a daemon thread
+    within the limits every dart HTTP server has (:mod:`dart.web.httplimits`): at most
+    ``max_connections`` open (a new one takes the place of the longest idle or half-sent one, so a
+    scrape always gets in), a request head complete ``header_timeout_s`` after its first byte, an
+    idle connection closed after ``idle_timeout_s``, and no foreign Host or Origin (a web page
+    renaming itself to this address gets a 403). prometheus_client's own server starts a thread
+    for every connection and keeps idle ones open for ever."""
 
+    LIMITS = ConnectionLimits(max_connections=16, header_timeout_s=5.0, idle_timeout_s=10.0)
 
-class BoundedMetricsServer(WSGIServer):
-    """The /metrics HTTP server with bounded connections: at most ``max_connections`` served at
-    once (a thread each; past it a new one is closed at once), every socket read timing out after
-    ``timeout_s``, and any connection still open ``deadline_s`` after it was accepted shut down (a
-    client sending one byte at a time). prometheus_client's own server starts a thread for every
-    connection and keeps idle ones open for ever."""
+    def __init__(self, host: str, port: int, limits: ConnectionLimits | None = None) -> None:
+        self.site = LimitedSite(limits or self.LIMITS)
+        self.server_port = 0
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        errors: list[BaseException] = []
 
-    max_connections = 16
-    request_queue_size = 64  # listen backlog: accepted (and refused past the limit) rather than left in SYN retries
-    timeout_s = 5.0
-    deadline_s = 10.0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._lock = threading.Lock()
-        self._open: dict[socket.socket, float] = {}
-        self.refused = 0
-        threading.Thread(target=self._reap, name="dart-metrics-reaper", daemon=True).start()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._lock:
-            if len(self._open) >= self.max_connections:
-                self.refused += 1
-                self.shutdown_request(request)
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            try:
+                self.server_port = self._loop.run_until_complete(self.site.serve(_metrics_app(), host, port))
+            except OSError as exc:
+                errors.append(exc)
                 return
-            self._open[request] = time.monotonic()
-        request.settimeout(self.timeout_s)
-        threading.Thread(target=self._serve, args=(request, client_address), name="dart-metrics",
-                         daemon=True).start()
+            finally:
+                started.set()
+            self._loop.run_forever()
 
-    def _serve(self, request: Any, client_address: Any) -> None:
-        try:
-            self.finish_request(request, client_address)
-        except Exception:  # a client that timed out or went away
-            log.debug("metrics request from %s failed", client_address, exc_info=True)
-        finally:
-            self.shutdown_request(request)
-            with self._lock:
-                self._open.pop(request, None)
-
-    def _reap(self) -> None:
-        while True:
-            time.sleep(min(1.0, self.deadline_s / 4))
-            now = time.monotonic()
-            with self._lock:
-                late = [s for s, t in self._open.items() if now - t > self.deadline_s]
-            for s in late:
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+        self._thread = threading.Thread(target=run, name="dart-metrics-server", daemon=True)
+        self._thread.start()
+        started.wait(10)
+        if errors:
+            raise errors[0]
 
     @property
     def open_connections(self) -> int:
-        with self._lock:
-            return len(self._open)
+        return len(self.site.guards)
+
+    def shutdown(self) -> None:
+        """Close every connection and the port, and end the thread."""
+
+        async def stop() -> None:
+            await self.site.stop()
+            self._loop.stop()
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(stop(), self._loop)
+            self._thread.join(5)
 
 
-def serve_metrics(host: str, port: int) -> BoundedMetricsServer:
+def _metrics_app() -> web.Application:
+    async def metrics(request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(REGISTRY), headers={"Content-Type": content_type})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/", metrics)
+    return app
+
+
+def serve_metrics(host: str, port: int, limits: ConnectionLimits | None = None) -> MetricsServer:
     """Serve the default registry on ``host:port`` (0: the OS chooses) from a daemon thread."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    server_class = type("MetricsServer", (BoundedMetricsServer,), {"address_family": family})
-    server = make_server(host, port, make_wsgi_app(), server_class, handler_class=_QuietHandler)
-    assert isinstance(server, BoundedMetricsServer)
-    threading.Thread(target=server.serve_forever, name="dart-metrics-server", daemon=True).start()
-    return server
+    return MetricsServer(host, port, limits)
 
 
 def service_name(command: str) -> str:

@@ -43,10 +43,10 @@ from typing import Any
 
 from aiohttp import web
 
-from dart.bus.httplimits import ConnectionLimits, LimitedSite
 from dart.data import sqlguard
 from dart.data.config import HttpConfig, SqlLimits
 from dart.errors import ConfigError, DartError
+from dart.web.httplimits import ConnectionLimits, LimitedSite
 
 log = logging.getLogger(__name__)
 
@@ -532,7 +532,7 @@ class Slots:
 class SqlServer:
     """aiohttp app serving an Engine; ``await start()`` returns the bound port.
 
-    No client can starve it: connections are bounded (``dart.bus.httplimits``: count, request
+    No client can starve it: connections are bounded (``dart.web.httplimits``: count, request
     head and idle deadlines), a body must arrive within ``body_timeout_s`` and is inflated on a
     worker thread within ``max_inflate_ratio``, statements are bounded in size and nesting before
     ClickHouse parses them, and queries take slots (``max_concurrent``, ``max_concurrent_per_client``,

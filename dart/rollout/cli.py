@@ -56,16 +56,26 @@ def cmd_model_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
     # Deferred: loads aiohttp, and every `dart` command imports this module.
-    from dart.rollout.server import make_app
+    from dart.rollout.server import make_app, start_server
 
     policy = load_policy(args.model, args.device)
     engine = HFEngine(policy, HFEngineConfig(max_batch_size=args.max_batch_size))
     app = make_app(engine, model_name=args.name, tokenizer=policy.tokenizer)
-    print(f"dart serve: http://{args.host}:{args.port}/v1 ({args.model})", flush=True)
-    web.run_app(app, host=args.host, port=args.port, print=None)
+
+    async def main() -> None:
+        site, port = await start_server(app, args.host, args.port)
+        print(f"dart serve: http://{args.host}:{port}/v1 ({args.model})", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await site.stop()
+
+    asyncio.run(main())
     return 0
 
 

@@ -5,7 +5,10 @@ only as ``data:`` URLs — the server never fetches anything) and answers in the
 with vLLM's extensions: ``choices[0].token_ids``, top-level ``prompt_token_ids``, per-token
 ``logprobs.content[i]`` (``token``, ``logprob``, ``top_logprobs``) plus dart's own
 ``entropy`` beside each log-prob and ``dart_policy_version`` / ``dart_newer_version_seen``.
-``GET /v1/models`` and ``GET /health`` answer too. Binds 127.0.0.1 by default.
+``GET /v1/models`` and ``GET /health`` answer too. Binds 127.0.0.1 by default, and serves
+within the limits every dart HTTP server has (:mod:`dart.web.httplimits`): bounded connections,
+half-sent heads and idle connections closed, a Host that is an address or localhost and no
+foreign Origin (a web page renaming itself to this address gets a 403).
 
 Images are bounded by pixels before they are decoded (``ImageLimits``): each image's declared
 size is read from its header, and an image past the prompt's pixel budget, more images than a
@@ -19,6 +22,7 @@ import asyncio
 import base64
 import binascii
 import io
+import json
 import logging
 import time
 import uuid
@@ -31,8 +35,15 @@ from dart.agent.prompt import PromptConfig, decode_image
 from dart.errors import DartError
 from dart.events import Sampling
 from dart.rollout.engine import Engine, EngineError, GenerateRequest, TransientEngineError
+from dart.web.httplimits import ConnectionLimits, LimitedSite
 
 log = logging.getLogger(__name__)
+
+
+BODY_TIMEOUT_S = 15.0
+"""A request's body (at most 64 MiB: a few screenshots as data URLs) must arrive within this: a
+client that sends half a body holds its connection no longer (heads and idle connections are
+bounded by ``dart.web.httplimits``)."""
 
 
 class BadRequest(DartError, ValueError):
@@ -141,7 +152,14 @@ def make_app(engine: Engine, *, model_name: str = "policy", tokenizer: Any = Non
 
     async def completions(request: web.Request) -> web.Response:
         try:
-            gen_request = await asyncio.to_thread(parse_request, await request.json(), limits)
+            raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+        except TimeoutError:
+            late = web.json_response({"error": {"message": f"the request body did not arrive within {BODY_TIMEOUT_S:g} s",
+                                                "type": "invalid_request_error"}}, status=408)
+            late.force_close()  # the rest of the body is not waited for either
+            return late
+        try:
+            gen_request = await asyncio.to_thread(lambda: parse_request(json.loads(raw), limits))
         except (DartError, ValueError) as exc:
             return web.json_response(
                 {"error": {"message": str(exc), "type": "invalid_request_error"}}, status=400
@@ -211,14 +229,11 @@ def make_app(engine: Engine, *, model_name: str = "policy", tokenizer: Any = Non
     return app
 
 
-async def start_server(
-    app: web.Application, host: str = "127.0.0.1", port: int = 0
-) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` on host:port (0 = a free port); returns the runner and the bound port."""
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = int(runner.addresses[0][1])
-    log.info("dart serve: http://%s:%d/v1", host, bound)
-    return runner, bound
+async def start_server(app: web.Application, host: str = "127.0.0.1", port: int = 0,
+                       limits: ConnectionLimits | None = None) -> tuple[LimitedSite, int]:
+    """Serve ``app`` on host:port (0 = a free port) within ``limits``; returns the site (``stop()``
+    it) and the bound port."""
+    site = LimitedSite(limits or ConnectionLimits())
+    bound = await site.serve(app, host, port)
+    log.info("dart serve: http://%s:%d/v1 (at most %d connections)", host, bound, site.max_connections)
+    return site, bound

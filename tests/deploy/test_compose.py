@@ -163,6 +163,25 @@ def test_scaled_services_have_no_fixed_name_or_host_port(stack: dict[str, Any]) 
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
 
 
+def published_ports(svc: dict[str, Any]) -> set[str]:
+    """Container ports ``svc`` publishes on the host (short ``host:port:target`` or long form)."""
+    return {str(p["target"]) if isinstance(p, dict) else str(p).rsplit(":", 1)[-1] for p in svc.get("ports", [])}
+
+
+def test_kafka_is_not_published_on_the_host(stack: dict[str, Any]) -> None:
+    """Issue 54: the broker's listeners are plaintext, for the compose network; one published on
+    the host's loopback let any local user read and write every topic that feeds the trainer."""
+    kafka = stack["services"]["kafka"]
+    assert published_ports(kafka) == set() and "network_mode" not in kafka
+    env = kafka["environment"]
+    listeners = {spec.split("://")[0] for spec in env["KAFKA_LISTENERS"].split(",")}
+    assert listeners == {"PLAINTEXT", "CONTROLLER"}
+    assert env["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://kafka:9092"
+    ports = {spec.rsplit(":", 1)[-1] for spec in env["KAFKA_LISTENERS"].split(",")}
+    for name, svc in stack["services"].items():
+        assert not published_ports(svc) & ports, f"{name} publishes a Kafka listener"
+
+
 SECRET_KEY = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|API_KEY", re.IGNORECASE)
 SUBSTITUTION = re.compile(r"^\$\{[A-Z_][A-Z0-9_]*(:?-[^}]*)?\}$")
 

@@ -18,7 +18,7 @@ from tests.rollout.test_engines import request
 
 async def test_openai_engine_against_dart_serve(policy, store):
     app = make_app(HFEngine(policy), model_name="tiny", tokenizer=policy.tokenizer)
-    runner, port = await start_server(app)
+    site, port = await start_server(app)
     engine = OpenAIEngine(
         OpenAIEngineConfig(base_url=f"http://127.0.0.1:{port}/v1", model="tiny", max_retries=0)
     )
@@ -27,7 +27,7 @@ async def test_openai_engine_against_dart_serve(policy, store):
         gen = await engine.generate(req)
     finally:
         await engine.close()
-        await runner.cleanup()
+        await site.stop()
     inputs = encode_prompt(policy.tokenizer, policy.image_processor, req.messages, req.images)
     # images went over the wire as PNG data URLs and came back as the same prompt
     assert gen.prompt_token_ids == inputs.token_ids()
@@ -67,7 +67,7 @@ async def test_openai_engine_retries_transient_errors_only(store):
     app = web.Application()
     app.router.add_post("/flaky/v1/chat/completions", flaky)
     app.router.add_post("/bad/v1/chat/completions", bad)
-    runner, port = await start_server(app)
+    site, port = await start_server(app)
     cfg = dict(max_retries=3, backoff_s=0.01, timeout_s=5)
     try:
         ok = await OpenAIEngine(
@@ -78,7 +78,7 @@ async def test_openai_engine_retries_transient_errors_only(store):
                 OpenAIEngineConfig(base_url=f"http://127.0.0.1:{port}/bad/v1", **cfg)
             ).generate(request(store))
     finally:
-        await runner.cleanup()
+        await site.stop()
     assert calls == {"flaky": 3, "bad": 1}
     assert ok.text == "Action: wait()" and ok.token_ids == [5] and ok.logprobs == [-0.5]
 
@@ -90,7 +90,7 @@ async def test_openai_engine_times_out_and_gives_up(store):
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", slow)
-    runner, port = await start_server(app)
+    site, port = await start_server(app)
     engine = OpenAIEngine(
         OpenAIEngineConfig(
             base_url=f"http://127.0.0.1:{port}/v1", timeout_s=0.2, max_retries=1, backoff_s=0.01
@@ -101,13 +101,13 @@ async def test_openai_engine_times_out_and_gives_up(store):
             await engine.generate(request(store))
     finally:
         await engine.close()
-        await runner.cleanup()
+        await site.stop()
 
 
 async def test_serve_rejects_remote_image_urls(policy):
     import aiohttp
 
-    runner, port = await start_server(make_app(HFEngine(policy)))
+    site, port = await start_server(make_app(HFEngine(policy)))
     body = {
         "messages": [
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}
@@ -120,5 +120,5 @@ async def test_serve_rejects_remote_image_urls(policy):
         ):
             status, payload = r.status, await r.json()
     finally:
-        await runner.cleanup()
+        await site.stop()
     assert status == 400 and "data URLs" in payload["error"]["message"]

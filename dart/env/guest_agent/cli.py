@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--token-file", default=None,
                    help="file holding the token every request must carry (default: $DART_AGENT_TOKEN, else "
                    f"{TOKEN_FILE} when it exists, which the VM pool fills per VM)")
+    p.add_argument("--root-without-token", action="store_true",
+                   help="let an agent without a token run as root (every root process may then run commands "
+                   "through it); without a token it otherwise refuses to start as root")
     p.set_defaults(func=_guest_agent)
 
 
@@ -40,7 +43,7 @@ def _guest_agent(args: argparse.Namespace) -> int:
     host = nic_address() if args.host == "nic" else args.host
     cfg = AgentConfig(display=args.display or os.environ.get("DISPLAY") or ":0", host=host, port=args.port,
                       allow_shell=args.allow_shell, run_as=args.run_as,
-                      token=read_token(args.token_file, os.environ))
+                      token=read_token(args.token_file, os.environ), root_without_token=args.root_without_token)
 
     async def main() -> None:
         # SIGTERM (a VM shutting down, a test tearing down) stops the server cleanly, so the

@@ -11,6 +11,15 @@ only decides whether the ``shell: true`` string form is accepted; it is not a se
 boundary. So the token is kept where only the agent reads it: a token file must be the
 agent user's own and readable by nobody else (mode 0600 or 0400), and no child the agent
 starts inherits it or any other ``DART_*`` secret (:func:`child_environment`).
+
+**No web page reaches it.** Every request passes the checks every dart HTTP server makes
+(:mod:`dart.web.httplimits`: bounded connections, a ``Host`` that is an address or localhost,
+no foreign ``Origin``: a page using DNS rebinding or posting across sites gets a 403), and a body
+the agent reads as JSON must say ``Content-Type: application/json`` (a browser cannot send that
+cross-site without asking first), else a 415 before anything runs. **Without a token** (a person
+or a test trying the agent on loopback) it binds an IPv4 loopback address only, answers only
+processes of its own user (the owner of the peer socket, from ``/proc/net/tcp``), says so at
+start, and refuses to start as root unless ``root_without_token`` is set.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from dart.env.guest_agent import protocol
 from dart.env.guest_agent.desktop import Desktop
 from dart.env.xdotool import UnknownKey
 from dart.errors import ConfigError, DartError
+from dart.web.hostcheck import HostCheck
+from dart.web.httplimits import ConnectionLimits, LimitedSite
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +67,25 @@ class AgentConfig:
     """The desktop user every program the agent starts runs as (the agent itself runs as another
     user, root or one with CAP_SETUID, who alone may read its token file). None: as the agent."""
     token: str | None = field(default=None, repr=False)
-    """Every request but ``/health`` must carry it in ``X-Dart-Agent-Token``. None (loopback
-    only, for a person trying the agent by hand) accepts requests without one."""
+    """Every request but ``/health`` must carry it in ``X-Dart-Agent-Token``. None (an IPv4
+    loopback address only, for a person or a test trying the agent by hand) answers the agent
+    user's own processes without one."""
+    root_without_token: bool = False
+    """Let an agent without a token start as root (every root process may then run commands
+    through it). Off: it refuses to."""
 
     def __post_init__(self) -> None:
-        if self.token is None and not _is_loopback(self.host):
+        if self.token is None and not _is_ipv4_loopback(self.host):
             raise ConfigError(f"guest agent: binding {self.host} needs a token (--token-file or $DART_AGENT_TOKEN); "
-                              "without one, only a loopback address may be bound")
+                              "without one, only an IPv4 loopback address (127.0.0.1) may be bound")
+
+    def startup_refusal(self, euid: int) -> str | None:
+        """Why an agent of this config may not start as user ``euid``, None if it may."""
+        if self.token is None and euid == 0 and not self.root_without_token:
+            return ("guest agent: refusing to run as root without a token (every process of root could run "
+                    "commands through it): run it as your own user, give it a token (--token-file), or pass "
+                    "--root-without-token")
+        return None
 
 
 DESKTOP_KEY = web.AppKey("desktop", Desktop)
@@ -162,11 +185,12 @@ def nic_address() -> str:
         return str(s.getsockname()[0])
 
 
-def _is_loopback(host: str) -> bool:
+def _is_ipv4_loopback(host: str) -> bool:
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
-        return host == "localhost"
+        return False
+    return address.version == 4 and address.is_loopback
 
 
 @web.middleware
@@ -183,12 +207,18 @@ async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
     return await handler(request)
 
 
+class WrongContentType(protocol.ProtocolError):
+    """A body of another content type than the endpoint reads (HTTP 415)."""
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPException:
         raise
+    except WrongContentType as exc:
+        return web.json_response({"status": "error", "error": str(exc)}, status=415)
     except protocol.ProtocolError as exc:
         return web.json_response({"status": "error", "error": str(exc)}, status=400)
     except (DartError, OSError) as exc:
@@ -196,7 +226,17 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return web.json_response({"status": "error", "error": f"{type(exc).__name__}: {exc}"}, status=500)
 
 
+def _require_type(request: web.Request, *types: str) -> None:
+    """WrongContentType unless the body says it is one of ``types``; checked before it is read."""
+    if request.content_type not in types:
+        raise WrongContentType(f"{request.method} {request.path} takes Content-Type {' or '.join(types)}, "
+                               f"not {request.content_type!r}")
+
+
 async def _json(request: web.Request) -> Any:
+    # A browser sends application/json across sites only after asking (CORS preflight), which
+    # this server never grants: text/plain and forms, which it sends unasked, are refused.
+    _require_type(request, "application/json")
     try:
         return await request.json()
     except ValueError as exc:
@@ -250,6 +290,9 @@ async def launch(request: web.Request) -> web.Response:
 
 
 async def get_file(request: web.Request) -> web.StreamResponse:
+    # OSWorld's clients send a form here (and dart's, for a stock server): the Origin/Host check
+    # is what keeps browsers out of this one.
+    _require_type(request, "application/json", "application/x-www-form-urlencoded", "multipart/form-data")
     if request.content_type == "application/json":
         body = await _json(request)
         path = protocol.parse_path(body.get("file_path") if isinstance(body, dict) else None)
@@ -262,6 +305,7 @@ async def get_file(request: web.Request) -> web.StreamResponse:
 
 
 async def upload(request: web.Request) -> web.Response:
+    _require_type(request, "multipart/form-data")
     form = await request.post()
     path = protocol.parse_path(form.get("file_path"))
     data = form.get("file_data")
@@ -320,21 +364,33 @@ async def _close_desktop(app: web.Application) -> None:
     await app[DESKTOP_KEY].close()
 
 
+def no_token_warning(host: str, port: int, euid: int) -> str:
+    return (f"guest agent: NO TOKEN. Every process of uid {euid} on this host can run commands as uid {euid} "
+            f"through http://{host}:{port} (other users and web pages are refused). Fine for a test on your "
+            "own machine; an agent in a VM takes --token-file")
+
+
 async def serve(cfg: AgentConfig, *, ready: asyncio.Event | None = None) -> None:
-    """Serve until cancelled. The token and ``DART_*`` secrets leave this process's environment first."""
+    """Serve until cancelled. The token and ``DART_*`` secrets leave this process's environment first.
+    ConfigError when ``cfg`` may not start as this user (``AgentConfig.startup_refusal``)."""
+    euid = os.geteuid()
+    refusal = cfg.startup_refusal(euid)
+    if refusal is not None:
+        raise ConfigError(refusal)
     dropped = scrub_environment()
     if dropped:
         log.info("guest agent: dropped %s from the environment (children never inherit them)", ", ".join(dropped))
-    runner = web.AppRunner(create_app(cfg), access_log=None)
-    await runner.setup()
+    # Without a token, the peer socket's owner is the boundary: only this user's processes.
+    site = LimitedSite(ConnectionLimits(), hosts=HostCheck.from_env(), only_uid=None if cfg.token else euid)
     try:
-        site = web.TCPSite(runner, cfg.host, cfg.port)
-        await site.start()
-        log.info("guest agent on http://%s:%d serving display %s (%s)", cfg.host, cfg.port, cfg.display,
-                 "token required" if cfg.token else "no token: loopback only")
+        port = await site.serve(create_app(cfg), cfg.host, cfg.port)
+        log.info("guest agent on http://%s:%d serving display %s (%s)", cfg.host, port, cfg.display,
+                 "token required" if cfg.token else f"no token: uid {euid} on loopback only")
+        if cfg.token is None:
+            log.warning("%s", no_token_warning(cfg.host, port, euid))
         if ready is not None:
             ready.set()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.Event().wait()
     finally:
-        await runner.cleanup()
+        await site.stop()

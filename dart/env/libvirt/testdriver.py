@@ -40,11 +40,14 @@ def free_port() -> int:
 def start_agent(display: str, port: int, *, token: str | None = None, timeout_s: float = 20.0,
                 args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start ``dart guest-agent`` on ``display`` at ``127.0.0.1:port`` (wanting ``token`` in every
-    request when given); return once it answers ``/health`` (blocking: call it in a thread from
-    async code)."""
+    request when given; without one it answers this user's processes only, and a test running as
+    root says it means to with ``--root-without-token``); return once it answers ``/health``
+    (blocking: call it in a thread from async code)."""
     env = {k: v for k, v in (os.environ if env is None else env).items() if k != "DART_AGENT_TOKEN"}
     if token is not None:
         env["DART_AGENT_TOKEN"] = token
+    elif os.geteuid() == 0:
+        args = ("--root-without-token", *args)
     proc = subprocess.Popen(
         [sys.executable, "-m", "dart.cli", "guest-agent", "--display", display, "--port", str(port), *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env,

@@ -1,4 +1,5 @@
-"""Connection limits for dart's aiohttp servers (the SQL endpoint, ``dart serve``).
+"""Connection limits for dart's aiohttp servers (the SQL endpoint, ``dart serve``, /metrics, the
+guest agent), and the ``Host``/``Origin`` check (:mod:`dart.web.hostcheck`) on every request.
 
 aiohttp alone keeps a connection that sends half a request head open for as long as the client
 likes, and accepts connections until the process runs out of file descriptors (and with it
@@ -17,7 +18,7 @@ serves an ``AppRunner``'s handlers on a bound socket with:
   stops reading its response counts as idle too).
 
 A request's body and its run are the handler's to bound (the SQL endpoint reads the body under
-a deadline and bounds each query).
+a deadline and bounds each query). ``serve`` binds a socket and serves an application this way.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+
+from dart.web.hostcheck import HostCheck
 
 log = logging.getLogger(__name__)
 
@@ -174,10 +177,15 @@ class _Guard(asyncio.Protocol):
 
 
 class LimitedSite:
-    """Serve ``runner`` (set up, its app with ``self.middleware``) on ``sock`` within ``limits``."""
+    """Serve ``runner`` (set up, its app with ``self.middleware``) on ``sock`` within ``limits``,
+    answering only requests ``hosts`` allows (default: ``HostCheck.from_env()``) and, with
+    ``only_uid``, only connections from that user's sockets on loopback (a 403 otherwise)."""
 
-    def __init__(self, limits: ConnectionLimits) -> None:
+    def __init__(self, limits: ConnectionLimits, *, hosts: HostCheck | None = None,
+                 only_uid: int | None = None) -> None:
         self.limits = limits
+        self.hosts = HostCheck.from_env() if hosts is None else hosts
+        self.only_uid = only_uid
         self.max_connections = descriptor_cap(limits.max_connections)
         self.guards: dict[Any, _Guard] = {}
         self.refused = 0
@@ -189,6 +197,8 @@ class LimitedSite:
         """Connections closed for a late request head or idleness."""
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        """The runner ``serve`` made (``stop`` cleans it up)."""
 
     @web.middleware
     async def middleware(self, request: web.Request,
@@ -197,11 +207,26 @@ class LimitedSite:
         if guard is not None:
             guard.in_request, guard.partial_since, guard.since = True, None, time.monotonic()
         try:
+            refusal = self.refusal(request)
+            if refusal is not None:
+                log.warning("refused %s %s: %s", request.method, request.path, refusal)
+                return web.Response(status=403, text=refusal + "\n")
             return await handler(request)
         finally:
             if guard is not None:
                 guard.in_request, guard.busy = False, False
                 guard.idle_since = guard.since = time.monotonic()
+
+    def refusal(self, request: web.Request) -> str | None:
+        """Why ``request`` is not answered (its Host, its Origin, its user), None if it is."""
+        why = self.hosts.refusal(request.headers.get("Host"), request.headers.get("Origin"))
+        if why is not None or self.only_uid is None:
+            return why
+        kind, who = self.client(request) or ("ip", "?")
+        if (kind, who) == ("uid", self.only_uid):
+            return None
+        return (f"this server has no credential to check and answers only processes of uid {self.only_uid} on "
+                f"loopback; this connection is {f'uid {who}' if kind == 'uid' else f'from {who}, owner unknown'}")
 
     def busy(self, request: web.Request, busy: bool = True) -> None:
         """Mark ``request``'s connection as holding or awaiting bounded work (a query slot): it is
@@ -239,6 +264,27 @@ class LimitedSite:
                                                 backlog=min(self.max_connections, 1024))
         self._sweeper = asyncio.create_task(self._sweep())
 
+    async def serve(self, app: web.Application, host: str, port: int, **runner_kwargs: Any) -> int:
+        """Serve ``app`` (not yet started: this site's middleware goes first in it) on ``host:port``
+        (0: a free port); returns the bound port. ``stop`` stops it all."""
+        app.middlewares.insert(0, self.middleware)
+        # After a refusal (a 403, a late body) drain the unread body for at most a second, not
+        # aiohttp's 10 s, then drop the connection.
+        runner_kwargs.setdefault("lingering_time", 1.0)
+        self._runner = web.AppRunner(app, access_log=None, **runner_kwargs)
+        await self._runner.setup()
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError:
+            sock.close()
+            await self._runner.cleanup()
+            raise
+        await self.start(self._runner, sock)
+        return int(sock.getsockname()[1])
+
     async def _sweep(self) -> None:
         period = min(self.limits.header_timeout_s, self.limits.idle_timeout_s, 1.0) / 2
         while True:
@@ -262,3 +308,5 @@ class LimitedSite:
                 if guard.transport is not None:
                     guard.transport.abort()
             await self._server.wait_closed()
+        if self._runner is not None:
+            await self._runner.cleanup()
