@@ -97,6 +97,8 @@ def resolve_device(name: str) -> torch.device:
 
 def make_optimizer(params: Any, cfg: OptimConfig) -> torch.optim.Optimizer:
     # A plain torch AdamW (not DeepSpeed's fused/CPU Adam): no JIT op builds, same maths on every engine.
+    # Frozen parameters (a frozen vision tower) get no optimiser state.
+    params = [p for p in params if p.requires_grad]
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 

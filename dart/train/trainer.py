@@ -31,6 +31,7 @@ from dart.train.batch import Dropped, ModelBatch, micro_batches, prepare_samples
 from dart.train.checkpoint import TrainState, commit_checkpoint, latest_checkpoint, load_rng, read_state
 from dart.train.config import TrainerConfig
 from dart.train.engine import Engine, ReferencePolicy, build_engine
+from dart.train.freeze import freeze_vision_tower
 from dart.train.update import UpdateResult, apply_update, step_metrics
 from dart.train.weight_publish import weights_published
 from dart.train.weight_send import WeightTransfer, make_transfer
@@ -69,6 +70,8 @@ class Trainer:
         self.load_image = blob_image_loader(blobs)
         # The KL reference is the initial policy, also after a resume (copied before any update).
         ref_model = copy.deepcopy(policy.model) if cfg.loss.kl_coef > 0 else None
+        if cfg.freeze_vision:  # after the copy: the reference keeps computing its own features
+            log.info("vision tower frozen: %d parameters not trained", freeze_vision_tower(policy.model))
         self.engine = self.build_engine(policy.model)
         self.ref = ReferencePolicy(ref_model, self.engine.device, getattr(torch, cfg.engine.dtype)) \
             if ref_model is not None else None
