@@ -16,13 +16,9 @@ from dart.train.trainer import Trainer
 from tests.train.conftest import SMALL, make_manifest
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> LocalBlobStore:
-    return LocalBlobStore(tmp_path_factory.mktemp("blobs"))
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def batch(store, tiny_policy) -> BatchManifest:
+    """Four one-step samples, their screenshots in the test's own blob store."""
     return make_manifest(store, tiny_policy, seq=0, groups=2, per_group=2, steps=1)
 
 
