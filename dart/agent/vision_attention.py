@@ -1,4 +1,4 @@
-"""Qwen2.5-VL's vision attention in one call per layer instead of one per window.
+"""Qwen2.5-VL's vision attention in a few calls per layer instead of one per window.
 
 transformers' ``sdpa`` path for the Qwen2.5-VL vision tower splits the packed patch sequence at
 every window boundary and issues one ``scaled_dot_product_attention`` per window: a 1288x728
@@ -19,15 +19,13 @@ functions.
 
 from __future__ import annotations
 
+import functools
 import itertools
-import logging
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from dart.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 ATTENTION_NAME = "dart_flash_packed_windows"
 """The name in transformers' ``AttentionInterface``. NOTE: it must contain "flash": that is how
@@ -51,18 +49,20 @@ def packed_window_attention(module: Any, query: Any, key: Any, value: Any, atten
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
     plan = _plan_of(cu_seqlens, query.device)
-    return _grouped_attention(query[0], key[0], value[0], plan, scaling, dropout).unsqueeze(0), None
+    q_S_H_D, k_S_H_D, v_S_H_D = (x[0].transpose(0, 1) for x in (query, key, value))
+    return _grouped_attention(q_S_H_D, k_S_H_D, v_S_H_D, plan, scaling, dropout).unsqueeze(0), None
 
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """How a packed sequence's segments are batched: one group per distinct length."""
+    """How a packed sequence's segments are batched: one group per distinct segment length."""
 
-    groups: tuple[tuple[int, int, Any], ...]
-    """(segments, length, rows): the sequence positions of the group's segments, segment-major
-    (None when the group is the whole sequence in order)."""
+    groups: tuple[tuple[int, int], ...]
+    """(segments, length) of each group, in the order of ``order``."""
+    order: Any
+    """The sequence positions group by group, segment-major (None: the sequence as it is)."""
     inverse: Any
-    """Row of each sequence position in the concatenated group outputs (None: the identity)."""
+    """Where each sequence position sits in ``order`` (None: the identity)."""
 
 
 _plans: dict[int, tuple[weakref.ref[Any], _Plan]] = {}
@@ -92,41 +92,62 @@ def _make_plan(bounds: list[int], device: Any) -> _Plan:
     if len(by_length) == 1:
         # Equal segments (the global layers over same-sized screenshots): a plain reshape.
         ((length, starts),) = by_length.items()
-        return _Plan(groups=((len(starts), length, None),), inverse=None)
-    groups, order = [], []
-    for length, starts in sorted(by_length.items(), reverse=True):
-        rows = (torch.tensor(starts)[:, None] + torch.arange(length)).flatten()
-        groups.append((len(starts), length, rows.to(device)))
-        order.append(rows)
-    inverse = torch.empty(bounds[-1] - bounds[0], dtype=torch.long)
-    inverse[torch.cat(order) - bounds[0]] = torch.arange(inverse.numel())
-    return _Plan(groups=tuple(groups), inverse=inverse.to(device))
+        return _Plan(groups=((len(starts), length),), order=None, inverse=None)
+    groups = sorted(by_length.items(), reverse=True)
+    order = torch.cat([(torch.tensor(starts)[:, None] + torch.arange(length)).flatten() for length, starts in groups])
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel())
+    return _Plan(groups=tuple((len(starts), length) for length, starts in groups), order=order.to(device),
+                 inverse=inverse.to(device))
 
 
-def _grouped_attention(q_H_S_D: Any, k_H_S_D: Any, v_H_S_D: Any, plan: _Plan, scaling: float | None,
+def _grouped_attention(q_S_H_D: Any, k_S_H_D: Any, v_S_H_D: Any, plan: _Plan, scaling: float | None,
                        dropout: float) -> Any:
     """``[S, heads, head_dim]``: each segment attends within itself; equal-length segments batched.
 
     No padding and no mask, so every call is a plain SDPA the fastest kernel may take, and each
-    segment's arithmetic is the per-window path's."""
+    segment's arithmetic is the per-window path's. One gather puts the groups one after the
+    other (rows of ``[S, heads, head_dim]``, whole heads at a time), one puts the outputs back."""
     import torch
     import torch.nn.functional as F
 
+    if plan.order is not None:
+        permute = _permutation().apply
+        q_S_H_D, k_S_H_D, v_S_H_D = (permute(x, plan.order, plan.inverse) for x in (q_S_H_D, k_S_H_D, v_S_H_D))
+    sizes = [count * length for count, length in plan.groups]
+    # split, not slices: its gradient is one concatenation, where each slice's would be a zero
+    # tensor of the whole sequence.
+    parts = zip(*(x.split(sizes) for x in (q_S_H_D, k_S_H_D, v_S_H_D)), strict=True)
     outs = []
-    for count, length, rows in plan.groups:
-        q, k, v = (_segments(x_H_S_D, rows, count, length) for x_H_S_D in (q_H_S_D, k_H_S_D, v_H_S_D))
+    for (count, length), qkv in zip(plan.groups, parts, strict=True):
+        q, k, v = (x.reshape(count, length, *x.shape[1:]).transpose(1, 2) for x in qkv)
         out_N_H_L_D = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling)
         outs.append(out_N_H_L_D.transpose(1, 2).flatten(0, 1))
     if plan.inverse is None:
         return outs[0]
-    return torch.cat(outs).index_select(0, plan.inverse)
+    return _permutation().apply(torch.cat(outs), plan.inverse, plan.order)
 
 
-def _segments(x_H_S_D: Any, rows: Any, count: int, length: int) -> Any:
-    """``[count, heads, length, head_dim]``: the segments at ``rows`` (None: all, in order)."""
-    x_H_R_D = x_H_S_D if rows is None else x_H_S_D.index_select(1, rows)
-    heads, _, dim = x_H_R_D.shape
-    return x_H_R_D.reshape(heads, count, length, dim).transpose(0, 1)
+@functools.cache
+def _permutation() -> Any:
+    """An autograd function: rows reordered by a permutation, the gradient by its inverse.
+
+    ``index_select``'s own backward scatters with ``index_add`` (it must allow repeated rows),
+    which on a CPU costs more than the attention it serves; a permutation's gradient is a gather."""
+    import torch
+
+    class Permute(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, order: Any, inverse: Any) -> Any:
+            ctx.save_for_backward(inverse)
+            return x.index_select(0, order)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> tuple[Any, None, None]:
+            (inverse,) = ctx.saved_tensors
+            return grad.index_select(0, inverse), None, None
+
+    return Permute
 
 
 def register() -> str:
@@ -140,14 +161,14 @@ def register() -> str:
 
 def use_packed_vision_attention(model: Any) -> bool:
     """Select :func:`packed_window_attention` for ``model``'s vision tower; the language model keeps
-    its implementation. Returns False (and changes nothing) for a model without a vision tower or
-    whose vision tower does not run windowed attention through ``AttentionInterface``."""
+    its implementation. Returns False (and changes nothing) for a model without a windowed vision
+    tower, or whose vision tower was given another implementation than transformers' default
+    (``eager``, a flash-attention kernel: already one call per layer)."""
     config = getattr(model, "config", None)
     vision = getattr(config, "vision_config", None)
     if vision is None or not hasattr(vision, "fullatt_block_indexes"):
         return False
-    if implementation_of(vision) not in (None, "sdpa", "eager", ATTENTION_NAME):
-        # A flash-attention or kernel implementation is already varlen: keep the user's choice.
+    if implementation_of(vision) not in (None, "sdpa", ATTENTION_NAME):
         return False
     model.set_attn_implementation({"vision_config": register()})
     if implementation_of(vision) != ATTENTION_NAME:

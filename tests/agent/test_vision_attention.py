@@ -117,7 +117,7 @@ def test_the_language_model_keeps_its_attention_and_the_whole_model_its_logits()
     assert torch.allclose(before, after, atol=1e-6)
 
 
-def test_load_policy_batches_the_vision_attention_and_a_text_model_is_left_alone(policy) -> None:
+def test_load_policy_batches_the_vision_attention_and_other_models_are_left_alone(policy) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     assert policy.model.config.vision_config._attn_implementation == ATTENTION_NAME
@@ -125,3 +125,7 @@ def test_load_policy_batches_the_vision_attention_and_a_text_model_is_left_alone
                                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
     assert not use_packed_vision_attention(text_only)
     assert text_only.config._attn_implementation == "sdpa"
+    chosen = vl_model(depth=2)
+    chosen.set_attn_implementation({"vision_config": "eager"})  # a choice made on purpose stays
+    assert not use_packed_vision_attention(chosen)
+    assert chosen.config.vision_config._attn_implementation == "eager"
