@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dart.agent.vision_attention import use_packed_vision_attention
 from dart.agent.weight_format import check_state_dict, state_dict_from_bytes, write_weights
 from dart.errors import ConfigError
 
@@ -96,7 +97,8 @@ class Policy:
 
 
 def load_policy(path: str | Path, device: str = "cpu", *, dtype: str | None = None) -> Policy:
-    """Load a policy directory (``save_pretrained`` layout) onto ``device``, in eval mode.
+    """Load a policy directory (``save_pretrained`` layout) onto ``device``, in eval mode, its vision
+    tower's window attention batched (:mod:`dart.agent.vision_attention`).
 
     ``dtype`` is a torch dtype name ("float32", "bfloat16"); None keeps float32 on CPU and the
     checkpoint's dtype elsewhere. Raises ConfigError naming the directory when it is not one.
@@ -114,6 +116,8 @@ def load_policy(path: str | Path, device: str = "cpu", *, dtype: str | None = No
         model = AutoModelForImageTextToText.from_pretrained(root, dtype=torch_dtype)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load the policy at {root}: {exc}") from exc
+    # Same numbers as transformers' per-window SDPA, a handful of calls per layer instead of one per window.
+    use_packed_vision_attention(model)
     model = model.to(device).eval()
     return Policy(model=model, tokenizer=tokenizer, image_processor=image_processor, path=root)
 

@@ -123,6 +123,10 @@ class TrainerConfig:
     max_updates: int = 0
     """Take no batch after this many updates in all (0: no limit): the trainer then idles until
     stopped, and the batches after stay uncommitted in the log for a run resumed with a higher cap."""
+    freeze_vision: bool = False
+    """Train the language model only: the vision tower keeps its initial weights (no gradient, no
+    optimiser state) and computes each screenshot's features without autograd. Refused at start-up
+    for a model without a vision tower."""
     prompt: PromptConfig = field(default_factory=PromptConfig)
     """Prompt settings: must equal the rollout workers' (a mismatch shows as dropped samples,
     ``samples/dropped_prompt_hash``)."""

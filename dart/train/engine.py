@@ -101,6 +101,8 @@ def resolve_device(name: str) -> torch.device:
 def make_optimizer(params: Any, cfg: OptimConfig, *, split_master: bool = False) -> torch.optim.Optimizer:
     """torch's AdamW; ``split_master``: the same maths on a float32 master kept beside bfloat16
     weights (:class:`dart.train.master_weights.SplitMasterAdamW`)."""
+    # Frozen parameters (a frozen vision tower) get no optimiser state.
+    params = [p for p in params if p.requires_grad]
     if split_master:
         return SplitMasterAdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     # A plain torch AdamW (not DeepSpeed's fused/CPU Adam): no JIT op builds, same maths on every engine.

@@ -44,6 +44,7 @@ from dart.train.checkpoint import (
 )
 from dart.train.config import TrainerConfig
 from dart.train.engine import Engine, ReferencePolicy, build_engine
+from dart.train.freeze import freeze_vision_tower
 from dart.train.staging import HostStaging
 from dart.train.update import UpdateResult, apply_update, step_metrics
 from dart.train.weight_publish import weights_published
@@ -85,6 +86,8 @@ class Trainer:
         """Where each checkpoint's weights leave the engine: one buffer, pinned on a GPU host, reused."""
         # The KL reference is the initial policy, also after a resume (copied before any update).
         ref_model = copy.deepcopy(policy.model) if cfg.loss.kl_coef > 0 else None
+        if cfg.freeze_vision:  # after the copy: the reference keeps computing its own features
+            log.info("vision tower frozen: %d parameters not trained", freeze_vision_tower(policy.model))
         self.engine = self.build_engine(policy.model)
         self.ref = ReferencePolicy(ref_model, self.engine.device, getattr(torch, cfg.engine.dtype)) \
             if ref_model is not None else None
