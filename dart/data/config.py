@@ -290,7 +290,8 @@ class HttpConfig:
     """Write the bound port here once serving."""
     limits: SqlLimits = field(default_factory=SqlLimits)
     writer_user: str = "dart_writer"
-    """User of the writer role (DDL, INSERT): enabled only when the environment variable
+    """User of the writer role (INSERT, and CREATE in the dart database; never DROP, TRUNCATE or
+    ALTER): enabled only when the environment variable
     `writer_password_file_env` names a file holding its password or a hash of it. Every other
     client is a read-only analytics client."""
     writer_password_file_env: str = "DART_SQL_WRITER_PASSWORD_FILE"

@@ -12,9 +12,15 @@ Who may do what (``dart.data.sqlguard`` holds the rules and says which layer enf
 analytics clients (no credentials, or user ``default``) get ``readonly = 1`` and read
 statements only; the writer (``HttpConfig.writer_user`` with the password from the
 environment, sent the way clickhouse-connect sends it: basic auth, ``X-ClickHouse-User`` /
-``X-ClickHouse-Key`` or ``user`` / ``password`` parameters) may also write. Nobody reaches
+``X-ClickHouse-Key`` or ``user`` / ``password`` parameters) may also ingest: INSERT, and CREATE
+in the dart database (what migrations run), never DROP, TRUNCATE or ALTER. Nobody reaches
 outside the projection (host files, URLs, other servers, programs). Every request is bounded
-(``SqlLimits``); a refused request is a 401/403/413/503 with a ClickHouse-style body.
+(``SqlLimits``), and so is the endpoint's own work on it; a refused request is a
+401/403/413/429/503 with a ClickHouse-style body.
+
+The parts: ``sqlauth`` (credentials, the writer's hash, the login throttle), ``sqlrequest``
+(reading a request), ``sqlengine`` (running it on chdb), this module (the server); their public
+names are importable from here.
 """
 
 from __future__ import annotations

@@ -588,7 +588,8 @@ def check_ast(ast: str, *, writer: bool = False, database: str | None = None,
         is_engine = parent is not None and parent.kind == "Storage" and pk == k - 1
         if is_engine and name not in SAFE_ENGINES:
             raise SqlRefused("no-external-tables", f"table engine {node.name} is refused: it reaches outside the "
-                             "projection (files, URLs, other servers, programs)", code=497, name="ACCESS_DENIED")
+                             "projection (files, URLs, other servers, programs) or keeps its rows in the data "
+                             "manager's memory (see sqlguard.SAFE_ENGINES)", code=497, name="ACCESS_DENIED")
         if parent is not None and parent.kind in _TABLE_FUNCTION_PARENTS and name not in SAFE_TABLE_FUNCTIONS:
             raise SqlRefused("no-external-tables", f"table function {node.name}() is refused: it reaches outside "
                              "the projection (files, URLs, other servers, programs)", code=497, name="ACCESS_DENIED")
