@@ -148,10 +148,13 @@ class SqlServer:
         lim = self.limits
         self._pool = ThreadPoolExecutor(max_workers=lim.max_concurrent, thread_name_prefix="dart-sql")
         # Reading requests, checking passwords and killing queries never wait behind running
-        # queries, nor behind each other. Large or compressed bodies are read on threads of their
-        # own at the lowest CPU priority: a client's bombs never take CPU from the projection, and a
-        # small request never queues behind them.
-        self._bulk = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-bulk", initializer=_lowest_priority)
+        # queries, nor behind each other. Compressed bodies are inflated and read on threads of
+        # their own at the lowest CPU priority (a client's bombs never take CPU from the projection),
+        # large plain ones on threads of their own (reading them is linear, but takes longer): a
+        # small request never queues behind either.
+        self._inflate = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-inflate",
+                                           initializer=_lowest_priority)
+        self._large = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-large")
         self._aux = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-aux")
         self._auth = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dart-sql-auth")
         self._killer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dart-sql-kill")
@@ -204,7 +207,8 @@ class SqlServer:
             await self._runner.cleanup()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._aux.shutdown(wait=False, cancel_futures=True)
-        self._bulk.shutdown(wait=False, cancel_futures=True)
+        self._inflate.shutdown(wait=False, cancel_futures=True)
+        self._large.shutdown(wait=False, cancel_futures=True)
         self._auth.shutdown(wait=False, cancel_futures=True)
         self._killer.shutdown(wait=False, cancel_futures=True)
 
@@ -234,15 +238,15 @@ class SqlServer:
                                "(rule: malformed-request)", headers, status=400)
         headers["X-ClickHouse-Query-Id"] = query_id if NAME.match(query_id.replace("-", "_")) else "invalid"
         log.debug("%s %s encoding=%s", request.method, query, request.headers.get("Content-Encoding"))
-        client = self.site.client(request)
-        if client is None:  # its connection was closed meanwhile (evicted, or the client left)
-            raise asyncio.CancelledError
-        writer = await self._login(request, query, client, headers)
+        writer = await self._login(request, query, headers)
         if isinstance(writer, web.Response):
             return writer
         req = await self._read(request, query, headers)
         if isinstance(req, web.Response):
             return req
+        client = self.site.client(request)
+        if client is None:  # its connection was closed meanwhile (evicted, or the client left)
+            raise asyncio.CancelledError
         self.site.busy(request)  # bounded by the slots and the queue: never evicted for a new connection
         lim = self.limits
         try:
@@ -277,8 +281,7 @@ class SqlServer:
         headers.update({"X-ClickHouse-Format": fmt, "X-ClickHouse-Summary": json.dumps(summary)})
         return await self._send(request, data, fmt, headers)
 
-    async def _login(self, request: web.Request, query: dict[str, str], client: Any,
-                     headers: dict[str, str]) -> bool | web.Response:
+    async def _login(self, request: web.Request, query: dict[str, str], headers: dict[str, str]) -> bool | web.Response:
         """The request's role (True: the writer), or the 401/429 answer. The password check (PBKDF2)
         runs on a thread of its own, and at most ``max_login_failures`` wrong ones per client per
         ``login_failure_window_s``: past that, logins are refused unchecked until the window passes."""
@@ -289,6 +292,9 @@ class SqlServer:
         except Unauthorized as exc:
             return self._error(f"Code: 516. DB::Exception: {exc}. (AUTHENTICATION_FAILED)", headers, status=401)
         lim = self.limits
+        client = self.site.client(request)
+        if client is None:  # its connection was closed meanwhile
+            raise asyncio.CancelledError
         if (wait := self.logins.retry_after(client)) > 0:
             return self._error(f"Code: 516. DB::Exception: {user}: too many wrong passwords from this client "
                                f"({lim.max_login_failures} in {lim.login_failure_window_s:g} s, "
@@ -321,7 +327,7 @@ class SqlServer:
             encoding = request.headers.get("Content-Encoding", "")
             bound = min(max_body, max(len(raw) * lim.max_inflate_ratio, 1 << 16))
             # A small plain body never queues behind large or compressed ones.
-            pool = self._bulk if encoding.strip() or len(raw) > _SMALL_BODY else self._aux
+            pool = self._inflate if encoding.strip() else self._large if len(raw) > _SMALL_BODY else self._aux
             return await asyncio.get_running_loop().run_in_executor(pool, self._prepare, query, raw, encoding, bound)
         except TimeoutError:
             headers["Connection"] = "close"
@@ -363,7 +369,7 @@ class SqlServer:
         try:
             view = memoryview(data)
             await asyncio.wait_for(response.prepare(request), lim.send_timeout_s)
-            for start in range(0, len(data), _SEND_CHUNK):
+            for start in range(0, len(data) if request.method != "HEAD" else 0, _SEND_CHUNK):
                 await asyncio.wait_for(response.write(view[start:start + _SEND_CHUNK]), lim.send_timeout_s)
             await asyncio.wait_for(response.write_eof(), lim.send_timeout_s)
         except TimeoutError:
@@ -371,6 +377,8 @@ class SqlServer:
                      lim.send_timeout_s)
             if request.transport is not None:
                 request.transport.abort()
+            raise asyncio.CancelledError from None
+        except ConnectionError:  # the client went away while its result was sent
             raise asyncio.CancelledError from None
         finally:
             self.unsent -= len(data)

@@ -23,9 +23,9 @@ TRANSPORT_PARAMS = frozenset({
     "enable_http_compression", "buffer_size", "user", "password", "http_response_buffer_size", "role",
 })
 _INSERT = re.compile(r"^\s*INSERT\b", re.IGNORECASE)
-# An INSERT whose statement and data share the body (clickhouse-connect's insert()): the data
-# starts after the format name and one line break (or one space).
-_BODY_INSERT = re.compile(rb"^\s*INSERT\b.*?\bFORMAT\s+(\w+)(?:[ \t]*\r?\n|[ \t])?", re.IGNORECASE | re.DOTALL)
+_BODY_INSERT = re.compile(rb"\s*INSERT\b", re.IGNORECASE)
+_FORMAT_NAME = re.compile(rb"FORMAT\s+(\w+)(?:[ \t]*\r?\n|[ \t])?", re.IGNORECASE)
+_WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 """A setting, database or format name."""
 
@@ -129,6 +129,23 @@ def decompress(body: bytes, encoding: str, *, max_bytes: int = 1 << 62) -> bytes
     return out
 
 
+def body_insert(body: bytes) -> re.Match[bytes] | None:
+    """An INSERT whose statement and data share the body (clickhouse-connect's insert()): the
+    match of its first ``FORMAT name`` (group 1) and one line break or space after it, where the
+    data starts; None when the body is no such INSERT. Looks for each ``FORMAT`` with a find (a
+    lazy ``INSERT.*?FORMAT`` regex tried every position: 11 ms on a 180 KB body)."""
+    start = _BODY_INSERT.match(body)
+    if start is None:
+        return None
+    upper = body.upper()
+    k = upper.find(b"FORMAT", start.end())
+    while k >= 0:
+        if body[k - 1] not in _WORD_BYTES and (m := _FORMAT_NAME.match(body, k)) is not None:
+            return m
+        k = upper.find(b"FORMAT", k + 6)
+    return None
+
+
 def check_raw_query(raw: str) -> None:
     """UnicodeDecodeError for a percent-escape that is not UTF-8 (aiohttp would read it as U+FFFD)."""
     for part in raw.split("&"):
@@ -170,7 +187,7 @@ def parse_request(query: dict[str, str], body: bytes) -> SqlRequest:
     insert_fmt = trailing_format(url_sql) if url_sql and body and _INSERT.match(url_sql) else None
     if insert_fmt is not None:
         return SqlRequest(url_sql, fmt, database, params, settings, body, insert_fmt[1])
-    inline = None if url_sql else _BODY_INSERT.match(body)
+    inline = None if url_sql else body_insert(body)
     try:
         if inline:
             head = body[: inline.end()].decode("utf-8").rstrip()
