@@ -345,7 +345,7 @@ class SqlServer:
 
     def _prepare(self, query: dict[str, str], raw: bytes, encoding: str, bound: int) -> SqlRequest:
         """Inflate, parse and pre-check one request (blocking; on a worker thread)."""
-        req = parse_request(query, decompress(raw, encoding, max_bytes=bound))
+        req = parse_request(query, decompress(raw, encoding, max_bytes=bound), self.limits.max_query_chars)
         if req.database not in (None, self.database):
             raise sqlguard.SqlRefused("dart-database-only", f"database {req.database} is refused: clients of this "
                                       f"endpoint reach the database {self.database}", code=497, name="ACCESS_DENIED")
