@@ -105,10 +105,10 @@ async def test_the_comment_bomb_answers_within_a_second_while_another_clients_qu
     assert len(answers) == 18 and {a for a, _ in answers} == {403}, answers  # query-size, named
     assert probes and {a for a, _ in probes} == {200}, probes
     # Under a second (18-300 s before); on a machine so busy that the control itself takes more
-    # than a third of that, three times the control (what the senders' own scheduling costs).
+    # than a fifth of that, five times the control (what the machine's own scheduling costs).
     slowest = max(t for _, t in [*control, *control_probes])
-    assert max(t for _, t in answers) < max(1.0, 3 * slowest), (answers, control)
-    assert max(t for _, t in probes) < max(1.0, 3 * slowest), (probes, control_probes)
+    assert max(t for _, t in answers) < max(1.0, 5 * slowest), (answers, control)
+    assert max(t for _, t in probes) < max(1.0, 5 * slowest), (probes, control_probes)
 
 
 def test_the_lexer_is_linear_and_reads_an_inserts_head_only() -> None:
