@@ -256,16 +256,27 @@ class SqlLimits:
     unclosed nesting is what makes ClickHouse's parser slow."""
     max_inflate_ratio: int = 100
     """A compressed body may inflate to at most this many times its size (and `max_body_bytes`)."""
+    max_unsent_bytes: int = 2 * 1024**3
+    """Results held for their clients at once, all together (a result is held from the end of its
+    query until its client has taken the last byte); a finished result that would pass it gets HTTP
+    503 instead, so clients that never read cannot pin `max_result_bytes` each."""
+    send_timeout_s: float = 30.0
+    """A client must take each MiB of its result within this, else its connection is closed and the
+    result freed."""
+    max_login_failures: int = 5
+    """Wrong writer passwords one client may send within `login_failure_window_s`; past it its
+    logins get HTTP 429 without a password check (each check is PBKDF2 work) until the window passes."""
+    login_failure_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_result_rows", "max_result_bytes", "max_memory_bytes", "max_concurrent",
                      "max_concurrent_per_client", "max_connections", "max_query_chars", "max_bracket_depth",
-                     "max_inflate_ratio"):
+                     "max_inflate_ratio", "max_unsent_bytes", "max_login_failures"):
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         require(self.max_execution_time_s > 0, "max_execution_time_s", f"must be > 0, got {self.max_execution_time_s}")
         require(self.queue_timeout_s >= 0, "queue_timeout_s", f"must be >= 0, got {self.queue_timeout_s}")
         require(self.max_queued >= 0, "max_queued", f"must be >= 0, got {self.max_queued}")
-        for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s", "send_timeout_s", "login_failure_window_s"):
             require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
 
 
@@ -283,7 +294,8 @@ class HttpConfig:
     """Write the bound port here once serving."""
     limits: SqlLimits = field(default_factory=SqlLimits)
     writer_user: str = "dart_writer"
-    """User of the writer role (DDL, INSERT): enabled only when the environment variable
+    """User of the writer role (INSERT, and CREATE in the dart database; never DROP, TRUNCATE or
+    ALTER): enabled only when the environment variable
     `writer_password_file_env` names a file holding its password or a hash of it. Every other
     client is a read-only analytics client."""
     writer_password_file_env: str = "DART_SQL_WRITER_PASSWORD_FILE"

@@ -248,12 +248,13 @@ def test_clients_still_work_against_the_guarded_endpoint(live: Live, tmp_path: P
     client.close()
     writer = clickhouse_connect.get_client(host=host, port=port, database=live.database, username="dart_writer",
                                            password=live.writer_password)
-    writer.command("CREATE TABLE IF NOT EXISTS scratch (x UInt32, s String) ENGINE = Memory")
+    writer.command("CREATE TABLE IF NOT EXISTS scratch (x UInt32, s String) ENGINE = MergeTree ORDER BY x")
     writer.insert("scratch", [[1, "a"], [2, "b"]], column_names=["x", "s"])
     assert writer.query("SELECT sum(x) FROM scratch").result_rows == [(3,)]
     writer.command("INSERT INTO scratch VALUES (3, 'c;d')")
     assert writer.query("SELECT groupArray(s) FROM (SELECT s FROM scratch ORDER BY x)").result_rows == [(["a", "b", "c;d"],)]
-    writer.command("DROP TABLE scratch")
+    with pytest.raises(DatabaseError, match="writer-allow-list"):  # the writer ingests: no DROP (issue 54)
+        writer.command("DROP TABLE scratch")
     writer.close()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     sql = subprocess.run([sys.executable, "-m", "dart.cli", "sql", "--url", live.url.rstrip("/"), "--database",
@@ -356,3 +357,35 @@ def test_issue44_no_oracle_about_host_files(live: Live) -> None:
             assert there[0] == not_there[0] == 403, (shape, there, not_there)
             assert there[1].replace(str(live.canary), "P") == not_there[1].replace(str(missing), "P"), shape
             assert "dart-database-only" in there[1]
+
+
+def rss_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+
+
+def test_issue54_the_writer_ingests_and_cannot_drop_truncate_alter_or_grow_memory(live: Live) -> None:
+    """Issue 54, live, as the writer: its password (an ingest credential) empties, drops, alters or
+    replaces no table; the three ~90-byte ALTER ... UPDATEs that grew the process by 195 MB are
+    refused, and so are tables that keep their rows in memory; INSERT and CREATE still work."""
+    count = "SELECT count() FROM trajectories"
+    before_rows, before_rss = ask(live, count), rss_bytes(live.proc.pid)
+    grow = "ALTER TABLE tasks UPDATE instruction = repeat(repeat('x', 1000000), 60) WHERE 1"  # 79 bytes, +265 MB before
+    refused = [grow, grow, grow, "DROP TABLE trajectories", "DROP TABLE IF EXISTS trajectories SYNC",
+               "TRUNCATE TABLE trajectories", "TRUNCATE trajectories", "ALTER TABLE trajectories DELETE WHERE 1",
+               "ALTER TABLE trajectories ADD COLUMN pwned UInt8", "ALTER TABLE trajectories DROP COLUMN rollout_id",
+               "ALTER TABLE trajectories MODIFY COLUMN reward String", "DELETE FROM trajectories WHERE 1",
+               "CREATE OR REPLACE TABLE trajectories (x UInt8) ENGINE = MergeTree ORDER BY x",
+               "CREATE OR REPLACE VIEW trajectory_rewards AS SELECT 1", "RENAME TABLE trajectories TO gone",
+               "CREATE TABLE mem (x String) ENGINE = Memory", "CREATE TABLE st (x String) ENGINE = Set",
+               "CREATE TABLE jn (x String) ENGINE = Join(ANY, LEFT, x)", "OPTIMIZE TABLE trajectories FINAL"]
+    for sql in refused:
+        status, text = ask(live, sql, headers=as_writer(live))
+        assert status == 403 and ("writer-allow-list" in text or "no-external-tables" in text), (sql, status, text)
+    assert ask(live, count) == before_rows
+    assert rss_bytes(live.proc.pid) - before_rss < 50 * 1024**2, (before_rss, rss_bytes(live.proc.pid))
+    # what it is for: migrations' CREATE and inserts
+    assert ask(live, "CREATE TABLE IF NOT EXISTS ingest54 (x UInt32) ENGINE = MergeTree ORDER BY x",
+               headers=as_writer(live))[0] == 200
+    assert ask(live, "INSERT INTO ingest54 FORMAT TSV\n1\n2\n", headers=as_writer(live))[0] == 200
+    assert ask(live, "SELECT sum(x) FROM ingest54") == (200, "3\n")

@@ -111,7 +111,7 @@ async def test_writes_ddl_and_lifting_readonly_are_refused_with_nothing_changed(
 
 async def test_credentials_decide_the_role(endpoint, store) -> None:
     url, db = endpoint
-    create = "CREATE TABLE made_by_writer (x UInt8) ENGINE = Memory"
+    create = "CREATE TABLE made_by_writer (x UInt8) ENGINE = MergeTree ORDER BY x"
     for auth in (aiohttp.BasicAuth("dart_writer", "wrong"), aiohttp.BasicAuth("mallory", "x")):
         status, text, _ = await ask(url, create, params={"database": db}, auth=auth)
         assert status == 401 and "AUTHENTICATION_FAILED" in text

@@ -34,6 +34,23 @@ def test_analytics_is_read_only_with_limits_it_cannot_lift() -> None:
     assert [q.text for q in analytics.findall("grants/query")] == ["GRANT SELECT ON dart.*"]
 
 
+def test_the_ingesting_user_cannot_drop_truncate_or_alter_dart_tables() -> None:
+    """Issue 54: the data manager's user inserts and creates (its start-up migrations only create);
+    a leaked password of it cannot empty or change the projection."""
+    dart = users().find("users/dart")
+    assert dart is not None
+    grants = [q.text for q in dart.findall("grants/query")]
+    assert grants == ["GRANT SELECT, INSERT, CREATE DATABASE, CREATE TABLE, CREATE VIEW ON dart.*"]
+    for verb in ("ALL", "DROP", "TRUNCATE", "ALTER", "OPTIMIZE", "DELETE", "UPDATE", "CREATE DICTIONARY"):
+        assert verb not in grants[0].split(" ON ")[0], verb
+    from dart.data.schema import MIGRATIONS, SCHEMA_VERSION_DDL
+
+    # what those grants allow is all the migrations run: CREATE ... and the INSERT of their version
+    for statement in [SCHEMA_VERSION_DDL, *(s for m in MIGRATIONS for s in m.statements)]:
+        assert statement.lstrip().upper().startswith(("CREATE TABLE", "CREATE VIEW", "CREATE DATABASE")), statement
+        assert "OR REPLACE" not in statement.upper(), statement
+
+
 def test_no_user_may_reach_outside_the_projection_and_default_stays_inside_the_container() -> None:
     root = users()
     for name in ("dart", "analytics"):
