@@ -80,6 +80,12 @@ class VLLMEngineConfig:
     shared with the other services a small share (0.05) is plenty for the tiny model."""
     enforce_eager: bool = False
     """No CUDA graphs / torch.compile (faster start, slower steps)."""
+    max_num_batched_tokens: int | None = None
+    """Most tokens vLLM schedules in one step (None: vLLM's default, 4096 on its CPU build); a
+    prompt beyond what is left of it is prefilled in chunks. NOTE: on vLLM 0.32.0's CPU build a
+    chunked prefill of a seeded request kills the engine core ("CPU Generator does not use
+    offset": it rewinds the request's generator, which CPU generators cannot), and dart seeds
+    every request: on the CPU, make this at least max_batch_size x the longest prompt."""
     cpu_threads_bind: str = "nobind"
     """vLLM's CPU build only (``VLLM_CPU_OMP_THREADS_BIND``): "nobind" leaves its OpenMP threads
     to the OS scheduler; "auto" pins them to cores, which on a machine shared with other
@@ -91,12 +97,16 @@ class VLLMEngineConfig:
                 f"must be in (0, 1], got {self.memory_utilization}")
         require(self.max_model_len is None or self.max_model_len >= 1, "max_model_len",
                 f"must be >= 1, got {self.max_model_len}")
+        require(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
+                f"must be >= 1, got {self.max_num_batched_tokens}")
 
     def llm_kwargs(self) -> dict[str, Any]:
         out: dict[str, Any] = {"dtype": self.dtype, "gpu_memory_utilization": self.memory_utilization,
                                "enforce_eager": self.enforce_eager}
         if self.max_model_len is not None:
             out["max_model_len"] = self.max_model_len
+        if self.max_num_batched_tokens is not None:
+            out["max_num_batched_tokens"] = self.max_num_batched_tokens
         return out
 
 

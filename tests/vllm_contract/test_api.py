@@ -52,7 +52,7 @@ def smoke_kwargs() -> dict:
 
 
 SMOKE_KWARGS = smoke_kwargs()
-CONFIG_KWARGS = {**VLLMEngineConfig(max_model_len=4096).llm_kwargs(), "hf_overrides": {}}
+CONFIG_KWARGS = {**VLLMEngineConfig(max_model_len=4096, max_num_batched_tokens=8192).llm_kwargs(), "hf_overrides": {}}
 """What VLLMEngineConfig passes (every field set), and the M-RoPE overrides of dart's tiny models."""
 
 
