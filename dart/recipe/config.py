@@ -21,6 +21,11 @@ from dart.env.synthetic import generate_tasks
 from dart.rollout.config import RolloutWorkerConfig
 from dart.train.config import TrainerConfig
 
+VLLM_RECIPE_MODEL = TinySize(num_attention_heads=2, num_key_value_heads=1, rope_theta=3.0, mrope_section=(1,) * 16)
+"""The recipe's model for the vllm engine (configs/synthetic-vllm.yaml): the same 420,064
+parameters as the default in heads of 32 (vLLM's CPU attention takes head sizes 32, 64, ... and
+not the default's 16), one KV head, and the same rotary base and t/h/w interleave."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Recipe:

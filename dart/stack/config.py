@@ -66,7 +66,6 @@ class RolloutSection(RolloutWorkerConfig):
         super().__post_init__()
         require(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")
         require(0 <= self.nice <= 19, "nice", f"must be 0-19, got {self.nice}")
-        require(self.engine in ("hf", "openai"), "engine", f"dart up runs hf or openai workers, got {self.engine!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -64,6 +64,6 @@ def test_a_swap_that_does_not_take_fails_the_smoke(monkeypatch, capsys):
         return engine
 
     monkeypatch.setattr(smoke, "make_engine", engine_that_ignores_swaps)
-    monkeypatch.setattr(smoke, "missing_gpu_parts", lambda engine="vllm": None)
+    monkeypatch.setattr(smoke, "missing_gpu_parts", lambda engine="vllm", device="cuda": None)
     assert smoke.main(["--engine", "hf", "--requests", "4", "--swaps", "1"]) == 1
     assert "FAILED: the answers do not follow the weights" in capsys.readouterr().out

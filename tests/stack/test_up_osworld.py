@@ -57,7 +57,6 @@ def test_a_server_given_by_url_is_used_and_none_is_started(tmp_path):
 @pytest.mark.parametrize(("extra", "message"), [
     ({"evaluate": True}, "evaluate: held-out evaluation plays synthetic tasks"),
     ({"env": {"backend": "synthetic"}}, "env.backend: OSWorld tasks need a desktop"),
-    ({"rollout": {"engine": "vllm"}}, "rollout.engine: dart up runs hf or openai workers"),
 ])
 def test_osworld_mistakes_are_refused_naming_the_field(tmp_path, extra, message):
     with pytest.raises(ConfigError, match=message):

@@ -31,6 +31,7 @@ from dart.rollout.engine import GenerateRequest, entropy_from_top_logprobs  # no
 from dart.rollout.vllm_engine import (  # noqa: E402
     LLM_DEFAULTS,
     TOP_LOGPROBS,
+    VLLMEngineConfig,
     completion_fields,
     sampling_params,
     text_prompt,
@@ -51,6 +52,8 @@ def smoke_kwargs() -> dict:
 
 
 SMOKE_KWARGS = smoke_kwargs()
+CONFIG_KWARGS = {**VLLMEngineConfig(max_model_len=4096, max_num_batched_tokens=8192).llm_kwargs(), "hf_overrides": {}}
+"""What VLLMEngineConfig passes (every field set), and the M-RoPE overrides of dart's tiny models."""
 
 
 def params(fn) -> dict[str, inspect.Parameter]:
@@ -83,7 +86,7 @@ def test_every_llm_argument_dart_passes_is_an_llm_or_engine_argument():
     named = params(LLM.__init__)
     fields = engine_arg_fields()
     assert "model" in named
-    for key in {**LLM_DEFAULTS, **SMOKE_KWARGS}:
+    for key in {**LLM_DEFAULTS, **SMOKE_KWARGS, **CONFIG_KWARGS}:
         # LLM forwards **kwargs to EngineArgs, which raises TypeError on an unknown one
         assert key in named or key in fields, f"vllm.LLM takes no argument {key!r}"
 
@@ -225,6 +228,12 @@ def test_the_engine_side_cache_resets_exist_with_the_signatures_dart_calls():
                if n != "self")
     assert list(params(LLM.reset_mm_cache)) == ["self"]
     assert list(params(LLMEngine.reset_encoder_cache)) == ["self"]
+    # close() shuts the engine core down through the client LLMEngine holds as engine_core
+    from vllm.v1.engine.core_client import EngineCoreClient
+
+    assert "self.engine_core = " in inspect.getsource(LLMEngine.__init__)
+    assert all(p.default is not inspect.Parameter.empty for n, p in params(EngineCoreClient.shutdown).items()
+               if n != "self")
     assert "self.llm_engine = " in inspect.getsource(LLM.__init__)
 
 

@@ -82,6 +82,9 @@ class EngineCoreOnCPU:
         self.prefix_cache.clear()
         return True
 
+    def shutdown(self, timeout=None):
+        self.calls.append("shutdown")
+
     def reset_encoder_cache(self):
         self.calls.append("reset_encoder_cache")
         self.worker.reset_encoder_cache()
@@ -200,7 +203,7 @@ def test_a_swap_reloads_by_name_resets_every_cache_and_relabels_the_answers(part
     assert llm.batches == [3, 3]                        # one generate per batch, not per request
     assert [(g.token_ids, g.policy_version) for g in before] == [([1, 1], 0)] * 3
     assert [(g.token_ids, g.policy_version) for g in after] == [([2, 2], 1)] * 3
-    assert core.calls == [f"rpc:{RELOAD}", "reset_prefix_cache", "reset_encoder_cache", "reset_mm_cache"]
+    assert core.calls == [f"rpc:{RELOAD}", "reset_prefix_cache", "reset_encoder_cache", "reset_mm_cache", "shutdown"]
     assert float(worker.get_model().bias) == 2.0 and engine.version == 1 and swap_s > 0
     assert llm.renderer.mm_cache == {}                   # the processor cache of the renderer too
     assert before[0].logprobs == [-0.5, -0.5] and before[0].prompt_token_ids == [7, 8]
@@ -260,4 +263,4 @@ def test_a_failed_swap_keeps_the_old_version_and_the_engine_serving(parts):
     assert engine.version == 0 and answer.policy_version == 0 and answer.token_ids == [1, 1]
     assert float(worker.get_model().bias) == 1.0
     # a reload that failed part way may have changed some layers: the caches are reset anyway
-    assert core.calls == [f"rpc:{RELOAD}", "reset_prefix_cache", "reset_encoder_cache", "reset_mm_cache"]
+    assert core.calls == [f"rpc:{RELOAD}", "reset_prefix_cache", "reset_encoder_cache", "reset_mm_cache", "shutdown"]
