@@ -43,13 +43,13 @@ from dart.env.synthetic import SyntheticBackend
 from dart.events import Sampling
 from dart.recipe.config import make_tasks
 from dart.recipe.episodes import evaluate
-from dart.recipe.warmstart import demo_tasks, manifest_of, oracle_samples, shuffled_chunks
+from dart.recipe.warmstart import demo_tasks, manifest_of, oracle_samples
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig
 from dart.stack.config import StackConfig
 from dart.train.batch import prepare_samples
 from dart.train.config import EngineConfig, OptimConfig
 from dart.train.engine import TorchEngine
-from dart.train.sft import sft_step
+from dart.train.sft import sft_loop
 
 
 class _Watched(SyntheticBackend):
@@ -124,8 +124,10 @@ def main() -> None:
         probe = held[: args.clicks]
         words = set(COLORS)
         t0, losses = time.perf_counter(), []
-        for step, chunk in enumerate(shuffled_chunks(kept, recipe.sft_micro_batch, random.Random(recipe.seed)), start=1):
-            losses.append(sft_step(engine, chunk, policy.pad_token_id))
+        taken = sft_loop(engine, kept, policy.pad_token_id, micro_batch=recipe.sft_micro_batch, steps=args.steps,
+                         rng=random.Random(recipe.seed), whole_only=True)
+        for step, (_, loss) in enumerate(taken, start=1):
+            losses.append(loss)
             if (step >= args.start and step % args.every == 0) or step == args.steps:
                 policy.model.eval()
                 right = asyncio.run(first_clicks(policy, probe, store, cfg))
@@ -139,8 +141,6 @@ def main() -> None:
                       f"first click right {sum(right) / len(right):.2f} ({per_word}), "
                       f"held-out episode success {success:.2f}", flush=True)
                 losses = []
-            if step >= args.steps:
-                break
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ KAFKA_CLIENTS = ("aiokafka", "confluent_kafka", "kafka")
 KAFKA_HOMES = ("bus", "log")
 PURE = ("data/curation.py", "data/batcher.py", "data/scheduler.py", "data/coupled.py", "train/advantages.py",
         "train/loss.py", "env/slots.py", "events/types.py", "events/manifest.py", "config.py", "agent/actions.py",
-        "agent/uitars/__init__.py", "agent/uitars/coords.py", "agent/uitars/scanner.py")
+        "agent/uitars/__init__.py", "agent/uitars/coords.py", "agent/uitars/scanner.py", "metrics/fold.py")
 """Modules of pure rules and types (paths under dart/)."""
 IO = ("dart.bus", "dart.blobs", "dart.log", "dart.data.store", "dart.data.projection", *KAFKA_CLIENTS, "asyncio",
       "socket", "subprocess", "shutil", "http", "urllib", "aiohttp", "requests", "chdb", "clickhouse_connect",

@@ -67,22 +67,39 @@ def plan_batch(
     ``take_all`` (the coupled pipeline, whose round is over): whatever kept groups there are,
     up to ``groups_per_batch``, instead of waiting for ``groups_per_batch`` of them.
     """
+    ready = (g for g in sorted(groups, key=lambda g: (g.opened_ms, g.group_id))
+             if not any(o.rollout_id in used for o in g.outcomes)
+             and is_complete(g, max_attempts=max_attempts, now_ms=now_ms, timeout_s=batcher.group_timeout_s))
+    plan = judge_groups(ready, pool=pool, current_version=current_version, curation=curation, batcher=batcher,
+                        limit=batcher.groups_per_batch)
+    return plan if len(plan.verdicts) == batcher.groups_per_batch or (take_all and plan.verdicts) else None
+
+
+def judge_groups(
+    groups: Iterable[GroupProgress],
+    *,
+    pool: Mapping[str, Sequence[Outcome]],
+    current_version: int,
+    curation: CurationConfig,
+    batcher: BatcherConfig,
+    limit: int | None = None,
+) -> BatchPlan:
+    """The groups, in the order given, judged by curation (``pool``: experience by task id, to inject
+    into an all-fail group): the kept ones, up to ``limit``, and the dropped ones counted by reason.
+    The one judging of batch assembly: the data manager's (:func:`plan_batch`) and the in-process
+    recipe's (`dart.recipe.learn.batch_of`)."""
     kept: list[GroupVerdict] = []
     dropped: Counter[str] = Counter()
-    for g in sorted(groups, key=lambda g: (g.opened_ms, g.group_id)):
-        if any(o.rollout_id in used for o in g.outcomes):
-            continue
-        if not is_complete(g, max_attempts=max_attempts, now_ms=now_ms, timeout_s=batcher.group_timeout_s):
-            continue
+    for g in groups:
         verdict = judge_group(g.group_id, g.task_id, g.outcomes, pool=pool.get(g.task_id, ()),
                               current_version=current_version, cfg=curation, min_group_size=batcher.min_group_size)
         if verdict.is_kept:
             kept.append(verdict)
-            if len(kept) == batcher.groups_per_batch:
-                return BatchPlan(tuple(kept), dict(dropped))
+            if len(kept) == limit:
+                break
         else:
             dropped[verdict.reason] += 1
-    return BatchPlan(tuple(kept), dict(dropped)) if take_all and kept else None
+    return BatchPlan(tuple(kept), dict(dropped))
 
 
 def build_manifest(

@@ -23,7 +23,6 @@ import asyncio
 import copy
 import random
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -32,8 +31,8 @@ from typing import Any
 from dart.agent.model import Policy, load_policy, save_policy
 from dart.agent.prompt import blob_image_loader
 from dart.blobs import BlobStore, LocalBlobStore
-from dart.data.batcher import BatchPlan, build_manifest
-from dart.data.curation import GroupVerdict, Outcome, judge_group
+from dart.data.batcher import BatchPlan, build_manifest, judge_groups
+from dart.data.curation import GroupProgress, GroupVerdict, Outcome
 from dart.events.manifest import BatchManifest, Sample
 from dart.recipe.config import Tree, make_tasks
 from dart.recipe.episodes import Trajectory, evaluate, evaluate_async, rollout_groups
@@ -64,37 +63,33 @@ def oracle_experience(task: dict[str, Any], group_id: str, policy: Policy, store
 
 def batch_of(trajectories: Sequence[Trajectory], *, update: int, cfg: Tree, policy: Policy | None = None,
              store: BlobStore | None = None, tasks: dict[str, dict[str, Any]] | None = None) -> BatchManifest:
-    """The update's batch, built as the data manager builds one (:func:`dart.data.curation.judge_group`,
-    :func:`dart.data.batcher.build_manifest`) with its curation settings (``cfg.data.curation``): a
+    """The update's batch, built by the data manager's batch assembly (:func:`dart.data.batcher.judge_groups`,
+    :func:`dart.data.batcher.build_manifest`) with its settings (``cfg.data.curation``, ``.batcher``): a
     group is kept when it holds a success and a failure (``recipe.drop_uniform_groups``; off: every
     group is kept); with ``curation.inject_experience`` an all-fail group of one of ``tasks`` (the
     experience pool) gets its task's oracle solution in place of one failure (``policy`` and
     ``store`` build it)."""
     curation = cfg.data.curation
-    groups: dict[str, list[Trajectory]] = {}
+    members: dict[str, list[Trajectory]] = {}
     for t in trajectories:
-        groups.setdefault(t.group_id, []).append(t)
+        members.setdefault(t.group_id, []).append(t)
     steps = {t.rollout_id: [s for s in t.steps if s.response_token_ids] for t in trajectories}
-    kept: list[GroupVerdict] = []
-    dropped: Counter[str] = Counter()
-    for group_id, members in groups.items():
-        task_id = members[0].task_id
-        outcomes = [outcome_of(t, i, update=update) for i, t in enumerate(members)]
-        if not cfg.recipe.drop_uniform_groups:
-            kept.append(GroupVerdict(group_id, task_id, tuple(outcomes)))
-            continue
-        pool: list[Outcome] = []
-        if curation.inject_experience and tasks and task_id in tasks and all(o.reward < 1.0 for o in outcomes):
+    groups = [GroupProgress(group_id=gid, task_id=ts[0].task_id, group_size=len(ts), opened_ms=0,
+                            outcomes=tuple(outcome_of(t, i, update=update) for i, t in enumerate(ts)))
+              for gid, ts in members.items()]
+    if not cfg.recipe.drop_uniform_groups:
+        plan = BatchPlan(tuple(GroupVerdict(g.group_id, g.task_id, g.outcomes) for g in groups))
+        return build_manifest(plan, steps, run_id="recipe", seq=update, curation=curation)
+    pool: dict[str, list[Outcome]] = {}
+    for g in groups:
+        if (curation.inject_experience and tasks and g.task_id in tasks and g.task_id not in pool
+                and all(o.reward is not None and o.reward < 1.0 for o in g.outcomes)):
             assert policy is not None and store is not None, "injecting experience needs the policy and the store"
-            oracle, oracle_steps = oracle_experience(tasks[task_id], group_id, policy, store, cfg, update=update)
-            pool.append(oracle)
+            oracle, oracle_steps = oracle_experience(tasks[g.task_id], g.group_id, policy, store, cfg, update=update)
+            pool[g.task_id] = [oracle]
             steps[oracle.rollout_id] = oracle_steps
-        verdict = judge_group(group_id, task_id, outcomes, pool=pool, current_version=update, cfg=curation)
-        if verdict.is_kept:
-            kept.append(verdict)
-        else:
-            dropped[verdict.reason] += 1
-    return build_manifest(BatchPlan(tuple(kept), dict(dropped)), steps, run_id="recipe", seq=update, curation=curation)
+    plan = judge_groups(groups, pool=pool, current_version=update, curation=curation, batcher=cfg.data.batcher)
+    return build_manifest(plan, steps, run_id="recipe", seq=update, curation=curation)
 
 
 def rl_update(engine: Any, ref: Any, policy: Policy, trajectories: Sequence[Trajectory], *, store: BlobStore,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from dart.recipe.config import Recipe, Tree
 from dart.recipe.episodes import evaluate
 from dart.train.batch import prepare_samples
 from dart.train.engine import TorchEngine
-from dart.train.sft import epoch_chunks, sft_step
+from dart.train.sft import sft_loop
 
 Log = Callable[[str], None]
 
@@ -139,9 +139,10 @@ def warm_start(cfg: Tree, workdir: Path, store: BlobStore, train: Sequence[dict[
     best: tuple[float, int, dict[str, Any]] | None = None   # (success, step, weights) of the best check
     success = -1.0
     next_check, close = recipe.sft_check_every, False
-    chunks = progress(shuffled_chunks(kept, size, rng), total=recipe.sft_steps, desc="SFT", unit="step")
-    for step, chunk in enumerate(chunks, start=1):
-        losses.append(sft_step(engine, chunk, policy.pad_token_id))
+    taken = sft_loop(engine, kept, policy.pad_token_id, micro_batch=size, steps=recipe.sft_steps, rng=rng,
+                     whole_only=True)
+    for step, (_, loss) in enumerate(progress(taken, total=recipe.sft_steps, desc="SFT", unit="step"), start=1):
+        losses.append(loss)
         if step % 100 == 0 or step == recipe.sft_steps:
             log(f"sft step {step}/{recipe.sft_steps}: nll {sum(losses) / len(losses):.4f}")
             losses = []
@@ -158,8 +159,6 @@ def warm_start(cfg: Tree, workdir: Path, store: BlobStore, train: Sequence[dict[
             next_check = step + (recipe.sft_fine_check_every if close else recipe.sft_check_every)
             if best is None or success > best[0]:
                 best = (success, step, engine.full_state_dict())
-        if step == recipe.sft_steps:
-            break
     state = engine.full_state_dict()
     if best is not None and success < recipe.sft_target_success and best[0] > success:
         # SFT on a few demonstrations can swing (0.19 at one check, 0.00 at the last): the
@@ -170,17 +169,6 @@ def warm_start(cfg: Tree, workdir: Path, store: BlobStore, train: Sequence[dict[
         policy.model.load_state_dict(state)
     save_policy(policy, workdir / "warm", state=state)
     return workdir / "warm"
-
-
-def shuffled_chunks(items: Sequence[Any], size: int, rng: random.Random) -> Iterator[list[Any]]:
-    """Endless chunks of ``size`` items, each pass over ``items`` a fresh shuffle
-    (:func:`dart.train.sft.epoch_chunks`); a short last chunk of a pass is left out."""
-    if not 1 <= size <= len(items):
-        raise ValueError(f"chunk size must be in [1, {len(items)}], got {size}")
-    while True:
-        for chunk in epoch_chunks(len(items), size, rng):
-            if len(chunk) == size:
-                yield [items[i] for i in chunk]
 
 
 def manifest_of(samples: list[Sample], update: int) -> BatchManifest:

@@ -9,10 +9,11 @@ experience file: a JSON list, or JSON lines, of ``Sample`` records.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,18 @@ def epoch_chunks(n: int, size: int, rng: random.Random) -> list[list[int]]:
     return [order[i : i + size] for i in range(0, n, size)]
 
 
+def sft_chunks(n: int, size: int, rng: random.Random, *, whole_only: bool = False) -> Iterator[list[int]]:
+    """Endless micro-batches (sample indices) of ``n`` samples, each pass a fresh shuffle
+    (:func:`epoch_chunks`). ``whole_only``: a pass's short last chunk is left out, so every step
+    sees ``size`` samples (the warm start counts steps); else it is kept (``--sft`` counts epochs)."""
+    if n < 1 or size < 1 or (whole_only and size > n):
+        raise ValueError(f"chunk size must be in [1, {n}], got {size}")
+    while True:
+        for chunk in epoch_chunks(n, size, rng):
+            if len(chunk) == size or not whole_only:
+                yield chunk
+
+
 def sft_step(engine: TorchEngine, samples: Sequence[Any], pad_id: int) -> float:
     """One SFT optimiser step, the only one of dart (``dart train --sft``, the recipe's warm start,
     the SFT probe): collate ``samples`` (prepared ones, :func:`dart.train.batch.prepare_samples`),
@@ -107,6 +120,16 @@ def sft_step(engine: TorchEngine, samples: Sequence[Any], pad_id: int) -> float:
     engine.backward(loss)
     engine.step()
     return float(loss.detach())
+
+
+def sft_loop(engine: TorchEngine, samples: Sequence[Any], pad_id: int, *, micro_batch: int, steps: int,
+             rng: random.Random, whole_only: bool = False) -> Iterator[tuple[int, float]]:
+    """The SFT loop, the only one of dart (``dart train --sft``, the recipe's warm start, the SFT
+    probe): up to ``steps`` :func:`sft_step` s over :func:`sft_chunks` of ``samples``, yielding each
+    step's (samples, loss) once it is taken, so a caller can check the policy between steps or stop."""
+    chunks = sft_chunks(len(samples), micro_batch, rng, whole_only=whole_only)
+    for chunk in itertools.islice(chunks, steps):
+        yield len(chunk), sft_step(engine, [samples[i] for i in chunk], pad_id)
 
 
 def run_sft(cfg: SFTConfig, blobs: BlobStore) -> SFTResult:
@@ -124,14 +147,14 @@ def run_sft(cfg: SFTConfig, blobs: BlobStore) -> SFTResult:
     if not samples:
         raise DecodeError(f"no usable sample in {cfg.data} ({len(dropped)} dropped)")
     engine = TorchEngine(policy.model, cfg.optim, cfg.engine)
-    order = random.Random(cfg.seed)
+    per_epoch = -(-len(samples) // cfg.micro_batch_samples)
+    steps = sft_loop(engine, samples, policy.pad_token_id, micro_batch=cfg.micro_batch_samples,
+                     steps=cfg.epochs * per_epoch, rng=random.Random(cfg.seed))
     losses = []
     for epoch in range(cfg.epochs):
-        total, count = 0.0, 0
-        for chunk in epoch_chunks(len(samples), cfg.micro_batch_samples, order):
-            loss = sft_step(engine, [samples[i] for i in chunk], policy.pad_token_id)
-            total, count = total + loss * len(chunk), count + len(chunk)
-        losses.append(total / count)
+        taken = list(itertools.islice(steps, per_epoch))
+        count = sum(n for n, _ in taken)
+        losses.append(sum(n * loss for n, loss in taken) / count)
         log.info("sft epoch %d/%d: nll %.4f over %d samples", epoch + 1, cfg.epochs, losses[-1], count)
     save_policy(policy, cfg.out, state=engine.full_state_dict())
     return SFTResult(out=cfg.out, epoch_losses=losses, samples=len(samples), dropped=dropped)

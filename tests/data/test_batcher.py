@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from dart.data.batcher import batch_id_for, build_manifest, plan_batch
+from dart.data.batcher import batch_id_for, build_manifest, judge_groups, plan_batch
 from dart.data.config import BatcherConfig, CurationConfig
 from dart.data.curation import GroupProgress, Outcome
 from dart.events.manifest import BatchManifest, PromptContext, Sample
@@ -42,6 +42,20 @@ def test_no_batch_until_enough_groups_are_complete() -> None:
     incomplete = GroupProgress("g9", "t", 3, 0, (o("x", 1.0), o("y", 0.0, index=1)))
     assert plan([grp("g1", [1.0, 0.0], 1), incomplete]) is None
     assert plan([grp("g1", [1.0, 0.0], 1), incomplete], now=60_000) is not None  # g9 timed out: judged as is
+
+
+def test_judging_keeps_the_given_order_up_to_a_limit_and_injects_from_the_pool_by_task() -> None:
+    """The one judging both batch assemblies use (the data manager's plan_batch, the recipe's batch_of):
+    no sorting, completeness or used-rollout rules of its own."""
+    groups = [grp("g3", [1.0, 0.0], 30), grp("g1", [0.0, 0.0], 10, task="pooled"), grp("g2", [1.0, 1.0], 20),
+              grp("g0", [0.0, 0.0], 5)]
+    oracle = o("oracle:1", 1.0, group="pool", origin="oracle", task="pooled")
+    everything = judge_groups(groups, pool={"pooled": [oracle]}, current_version=1, curation=CUR, batcher=BAT)
+    assert [v.group_id for v in everything.verdicts] == ["g3", "g1"]  # as given, not by age
+    assert everything.dropped == {"all_success": 1, "all_fail": 1}   # g0's task has no experience
+    assert [v.injected is not None for v in everything.verdicts] == [False, True]
+    first = judge_groups(groups, pool={}, current_version=1, curation=CUR, batcher=BAT, limit=1)
+    assert [v.group_id for v in first.verdicts] == ["g3"] and first.dropped == {}  # stopped at the limit
 
 
 def test_batch_id_depends_on_content_only() -> None:

@@ -13,7 +13,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from dart.bus.topics import Topics
 from dart.events import TrainStepCompleted, WorkerHeartbeat, encode
 from dart.log.segments import archive_record, write_segment
-from dart.metrics.sink import Fold, MetricsConfig, Reorder, Scalar, TensorBoardOut, from_archive, order_key
+from dart.metrics.fold import Fold, Reorder, Scalar, order_key
+from dart.metrics.sink import MetricsConfig, TensorBoardOut, from_archive
 from tests.data.factories import RUN, T0, Traj, group, task, uid, weights
 
 

@@ -121,18 +121,21 @@ def test_oracle_text_refuses_pixel_bounds_the_renderer_does_not_use() -> None:
     assert oracle_text(Click(x=83.0, y=29.0), (112, 112), relative) == "Action: click(start_box='(741,259)')"
 
 
-def test_shuffled_chunks_are_full_fresh_shuffles_every_pass() -> None:
+def test_sft_chunks_are_fresh_shuffles_every_pass_whole_ones_only_when_asked() -> None:
     import itertools
     import random
 
-    from dart.recipe.warmstart import shuffled_chunks
+    from dart.train.sft import sft_chunks
 
-    chunks = list(itertools.islice(shuffled_chunks(list(range(10)), 4, random.Random(0)), 6))
+    chunks = list(itertools.islice(sft_chunks(10, 4, random.Random(0), whole_only=True), 6))
     assert all(len(c) == 4 for c in chunks)  # 10 items: two chunks a pass, the short third left out
     first, second = chunks[0] + chunks[1], chunks[2] + chunks[3]
     assert len(set(first)) == len(set(second)) == 8 and first != second
+    kept = list(itertools.islice(sft_chunks(10, 4, random.Random(0)), 6))  # `--sft` epochs keep the short one
+    assert [len(c) for c in kept] == [4, 4, 2, 4, 4, 2] and sorted(kept[0] + kept[1] + kept[2]) == list(range(10))
+    assert kept[:2] == chunks[:2]  # the same shuffle: whole_only only leaves the short chunk out
     with pytest.raises(ValueError, match="chunk size"):
-        next(shuffled_chunks([1, 2], 3, random.Random(0)))
+        next(sft_chunks(2, 3, random.Random(0), whole_only=True))
 
 
 def test_sft_stops_at_the_first_check_that_reaches_its_target(tmp_path: Path, monkeypatch) -> None:

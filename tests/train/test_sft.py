@@ -67,3 +67,33 @@ def test_sft_micro_batches_are_fresh_chunks_of_every_epoch_shuffle() -> None:
         assert sorted(i for c in chunks for i in c) == list(range(10))  # every sample once per epoch
     assert {frozenset(c) for c in first} != {frozenset(c) for c in second}  # new company every epoch
     assert epoch_chunks(10, 4, random.Random(0)) == first  # seeded
+
+
+def test_the_sft_loop_takes_its_steps_over_fresh_shuffles_and_stops(tiny_dir, tmp_path) -> None:
+    """The one SFT loop (``--sft``, the warm start, the SFT probe) on the tiny policy: 5 samples in
+    micro-batches of 2, short last chunks kept or left out, exactly ``steps`` optimiser steps."""
+    import random
+
+    from dart.agent.prompt import blob_image_loader
+    from dart.train.batch import prepare_samples
+    from dart.train.config import EngineConfig, OptimConfig
+    from dart.train.engine import TorchEngine
+    from dart.train.sft import sft_loop
+    from tests.train.conftest import SMALL
+
+    store = LocalBlobStore(tmp_path / "blobs")
+    policy = load_policy(tiny_dir)
+    manifest = make_manifest(store, policy, seq=0, groups=1, per_group=5, steps=1)
+    samples, dropped = prepare_samples(manifest, tokenizer=policy.tokenizer, image_processor=policy.image_processor,
+                                       load_image=blob_image_loader(store), prompt_cfg=SMALL, check_hash=True,
+                                       advantages=False)
+    assert len(samples) == 5 and not dropped
+    engine = TorchEngine(policy.model, OptimConfig(lr=1e-3, weight_decay=0.0), EngineConfig(threads=1))
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    kept = list(sft_loop(engine, samples, policy.pad_token_id, micro_batch=2, steps=4, rng=random.Random(0)))
+    assert [n for n, _ in kept] == [2, 2, 1, 2]  # a pass of 5 is 2 + 2 + 1, then the next pass
+    whole = list(sft_loop(engine, samples, policy.pad_token_id, micro_batch=2, steps=4, rng=random.Random(0),
+                          whole_only=True))
+    assert [n for n, _ in whole] == [2, 2, 2, 2] and all(loss > 0 for _, loss in kept + whole)
+    after = policy.model.state_dict()
+    assert any(float((after[k] - before[k]).abs().max()) > 0 for k in before)  # 8 steps were taken
