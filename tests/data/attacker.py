@@ -103,9 +103,9 @@ def compression_bombs() -> None:
         count("deflate_bomb_" + post(BOMB, {"Content-Encoding": "deflate"}))
 
 
-loops = [threading.Thread(target=held_sockets, args=("slowloris", b"POST / HTTP/1.1\r\nHost: x\r\nX-A: ", 150)),
+loops = [threading.Thread(target=held_sockets, args=("slowloris", b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: ", 150)),
          threading.Thread(target=held_sockets, args=("idle", b"", 100)),
-         threading.Thread(target=held_sockets, args=("half_body", b"POST / HTTP/1.1\r\nHost: x\r\n"
+         threading.Thread(target=held_sockets, args=("half_body", b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                                       b"Content-Length: 999999\r\n\r\nSELECT ", 100)),
          *[threading.Thread(target=sleepy) for _ in range(6)], threading.Thread(target=parse_bombs),
          *[threading.Thread(target=compression_bombs) for _ in range(2)]]

@@ -91,9 +91,9 @@ async def test_half_sent_requests_and_idle_connections_hold_nothing(store: Store
             s = socket.create_connection(("127.0.0.1", port))
             s.setblocking(False)
             if i % 3 == 0:
-                s.send(b"POST / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                s.send(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
             elif i % 3 == 1:
-                s.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nSELECT ")
+                s.send(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\nSELECT ")
             socks.append(s)
             if i % 20 == 0:
                 await asyncio.sleep(0)
