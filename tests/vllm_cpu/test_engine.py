@@ -32,6 +32,7 @@ from dart.env.synthetic import SyntheticBackend  # noqa: E402
 from dart.events import BlobRef, HistoryTurn, Sampling, WeightsPublished  # noqa: E402
 from dart.events.manifest import PromptContext  # noqa: E402
 from dart.recipe.config import VLLM_RECIPE_MODEL, Recipe, make_tasks  # noqa: E402
+from dart.recipe.preset import preset  # noqa: E402
 from dart.rollout.engine import GenerateRequest  # noqa: E402
 from dart.rollout.hf_engine import HFEngine, HFEngineConfig  # noqa: E402
 from dart.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig  # noqa: E402
@@ -41,8 +42,13 @@ LOGPROB_TOLERANCE = 1e-4
 """Largest difference allowed between a token's log-prob from vLLM and from the hf engine (float32
 both; different kernels, the same maths: 4.8e-7 over 128 tokens measured, and printed each run)."""
 REQUESTS = 8
-PROMPT = PromptConfig(template="compact", min_pixels=112 * 112)
-RECIPE = Recipe(model=VLLM_RECIPE_MODEL, prompt=PROMPT, max_steps=2)
+RECIPE = Recipe(model=VLLM_RECIPE_MODEL)
+# The recipe's rollout settings, from their one home (the recipe's preset of the services' configs).
+_PRESET = preset(RECIPE, run_id="t", workdir=Path("/unused"), pipeline="decoupled", model_dir=Path("/unused"),
+                 max_updates=1)
+PROMPT = PromptConfig(**_PRESET["rollout"]["prompt"])
+CONVENTION = _PRESET["rollout"]["convention"]
+MAX_NEW_TOKENS = _PRESET["data"]["scheduler"]["max_new_tokens"]
 CONFIG = VLLMEngineConfig(dtype="float32", max_model_len=4096, memory_utilization=0.05, enforce_eager=True,
                           max_num_batched_tokens=32768)
 """The recipe's vLLM settings (configs/synthetic-vllm.yaml): float32 as the hf engine and the trainer."""
@@ -168,7 +174,7 @@ def test_the_env_workers_screenshot_prompts_get_the_hf_engines_decisions(world):
     screen, the engine, the parsed actions), a first turn and a second with the first in its
     history, greedy on both engines: the same tokens and the same actions."""
     tasks, _ = make_tasks(RECIPE)
-    greedy = Sampling(temperature=0.0, top_p=1.0, max_new_tokens=RECIPE.max_new_tokens, seed=0)
+    greedy = Sampling(temperature=0.0, top_p=1.0, max_new_tokens=MAX_NEW_TOKENS, seed=0)
     load = blob_image_loader(world.store)
 
     async def turns(engine, task):
@@ -179,7 +185,7 @@ def test_the_env_workers_screenshot_prompts_get_the_hf_engines_decisions(world):
                             screen_width=obs.width, screen_height=obs.height)
         out = []
         for step in range(2):
-            d = await decide(ctx, engine, load_image=load, prompt=RECIPE.prompt, convention=RECIPE.convention,
+            d = await decide(ctx, engine, load_image=load, prompt=PROMPT, convention=CONVENTION,
                              sampling=greedy)
             out.append((list(d.generation.token_ids), [a.kind for a in d.actions]))
             ctx = dataclasses.replace(ctx, step_index=step + 1, history=[
