@@ -123,13 +123,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     given = args.config or next((i for i in args.config_items or [] if "=" not in i), None)
     run = run_of(args)
+    from_run = False
     if run is not None:
         if run.config is not None and given is None:
-            given = args.config = _run_config(run, trusted=args.trust_run)
+            given = args.config = str(run.config)
+            from_run = not args.trust_run and not _ships_with_dart(Path(given))
         args.workdir = run.root
     if not Path(given or DEFAULT_CONFIG).is_file():
         raise RunMissing(f"no config file {given}: give the stack YAML `dart up` ran (e.g. configs/synthetic.yaml)")
     cfg = load_stack_config(args)
+    if from_run:
+        _check_run_config(cfg, run, Path(given))
     workdir = cfg.workdir.resolve()
     if args.episodes is not None:
         cfg = dataclasses.replace(cfg, recipe=dataclasses.replace(cfg.recipe, eval_episodes=args.episodes))
@@ -167,15 +171,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_config(run: RunInfo, *, trusted: bool) -> str:
-    """The stack config run.json names, if it is one dart ships (a config chooses the environments
-    and their task setup commands, so a run directory may not pick any file as one)."""
-    path = Path(str(run.config))
-    if not trusted and path.resolve().parent != resource_dir("configs").resolve():
-        raise UntrustedRun(f"{run.root / 'run.json'} names the config {path}, not one dart ships: a config chooses "
-                           f"the environments and their setup commands, so give it yourself (`dart eval {path} "
-                           f"--run {run.workdir}`) or pass --trust-run")
-    return str(path)
+def _ships_with_dart(path: Path) -> bool:
+    return path.resolve().parent == resource_dir("configs").resolve()
+
+
+def _check_run_config(cfg: Any, run: RunInfo, path: Path) -> None:
+    """A config run.json names that dart does not ship is data from the run directory: used only
+    when all it can make `dart eval` do is play generated synthetic screens in-process (no
+    desktop, no task files and their setup commands); any other is refused with the fix."""
+    if cfg.env.backend == "synthetic" and cfg.tasks.source == "synthetic":
+        return
+    raise UntrustedRun(f"{run.root / 'run.json'} names the config {path} (env.backend {cfg.env.backend}, "
+                       f"tasks.source {cfg.tasks.source}), not one dart ships: such a config chooses the "
+                       f"environments and their setup commands, so give it yourself (`dart eval {path} "
+                       f"--run {run.workdir}`) or pass --trust-run")
 
 
 REPLAY_COMMANDS = ("store", "decision", "update")

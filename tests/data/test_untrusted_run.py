@@ -332,10 +332,22 @@ def test_the_check_refuses_a_foreign_database_engine_a_link_out_and_a_stray_defi
         check_store(store)
 
 
-def test_eval_takes_no_config_a_run_directory_names(tmp_path: Path) -> None:
+def test_eval_takes_no_desktop_config_a_run_directory_names(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "mine.yaml").write_text("env:\n  backend: xdesktop\n")
+    descriptor(run, config=str(run / "mine.yaml"))
+    line = one_line(dart("eval", "--run", str(run)))
+    assert f"names the config {run / 'mine.yaml'} (env.backend xdesktop" in line and "not one dart ships" in line
+    assert "--trust-run" in line
+
+
+def test_eval_takes_a_synthetic_screens_config_from_the_run_directory(tmp_path: Path) -> None:
+    """Generated screens played in-process run nothing a config could name: such a config (a test's
+    own tiny recipe, say) is taken, and eval goes on to look for the run's policy."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "mine.yaml").write_text("workdir: elsewhere\n")
     descriptor(run, config=str(run / "mine.yaml"))
     line = one_line(dart("eval", "--run", str(run)))
-    assert f"names the config {run / 'mine.yaml'}, not one dart ships" in line and "--trust-run" in line
+    assert "not one dart ships" not in line and f"no policy in {run / 'warm'}" in line, line
