@@ -85,6 +85,7 @@ class TlsFront:
         self.limits = limits or ConnectionLimits()
         self.max_connections = descriptor_cap(self.limits.max_connections)
         self.open = 0
+        self._evicted: set[asyncio.Transport] = set()
         self.refused = self.evicted = self.timed_out = 0
         """Connections closed at once (all past their handshake), for a newer one, for a late handshake."""
         self._handshaking: dict[asyncio.Transport, float] = {}
@@ -144,6 +145,10 @@ class TlsFront:
         oldest = min(self._handshaking, key=self._handshaking.__getitem__)
         self._handshaking.pop(oldest)
         oldest.abort()
+        # Its place is free now, not when its task next runs: under load several newcomers can be
+        # accepted before the evicted tasks wake, and each must find the count already down.
+        self._evicted.add(oldest)
+        self.open -= 1
         self.evicted += 1
         return True
 
@@ -158,7 +163,10 @@ class TlsFront:
             if streams is not None:
                 await self._forward(*streams)
         finally:
-            self.open -= 1
+            if transport in self._evicted:  # already uncounted by _make_room
+                self._evicted.discard(transport)
+            else:
+                self.open -= 1
 
     async def _handshake(self, transport: asyncio.Transport) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """TLS over the accepted ``transport`` within ``header_timeout_s``: the client's streams, or
