@@ -51,15 +51,14 @@ IO = ("dart.bus", "dart.blobs", "dart.log", "dart.data.store", "dart.data.projec
       "sqlite3", "libvirt")
 """What a pure module may not import (a name or any module below it)."""
 STACK_ENTRY = ("dart.env.config", "dart.env.cli", "dart.env.catalogue", "dart.env.tasks", "dart.env.downloads",
-               "dart.rollout.config", "dart.rollout.hf_engine", "dart.rollout.engine",
+               "dart.rollout.config", "dart.rollout.hf_engine",
                "dart.data.config", "dart.data.cli", "dart.data.experience", "dart.data.progress", "dart.data.report",
-               "dart.train.config", "dart.train.checkpoint", "dart.train.trainer", "dart.metrics.sink")
+               "dart.train.config", "dart.train.checkpoint", "dart.metrics.sink", "dart.replay.steps")
 """The services' modules `dart/stack` may import: their config types (``RolloutWorkerConfig`` in
 ``rollout.config``, ``HFEngineConfig`` in ``rollout.hf_engine``, ``MetricsConfig`` in ``metrics.sink``) and
 the entry points it calls (a command's parser, task events, oracle experience, the progress and report
-queries, the newest checkpoint; and for ``dart replay decision|update`` (``stack/rerun.py``) the engine's
-``GenerateRequest`` and the ``Trainer``, which re-run one logged step as the services ran it). A new one is
-a choice to make here, in review."""
+queries, the newest checkpoint, and ``dart replay decision|update``'s ``replay.steps``, which re-runs one
+logged step outside the root). A new one is a choice to make here, in review."""
 
 
 SHARED_NAMES = {"__init__": "a package", "__main__": "`python -m`", "cli": "a package's commands",

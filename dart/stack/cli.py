@@ -210,7 +210,7 @@ def cmd_replay_store(args: argparse.Namespace) -> int:
 
 def cmd_replay_update(args: argparse.Namespace) -> int:
     # Deferred: loads torch, and every `dart` command imports this module.
-    from dart.stack.rerun import replay_update
+    from dart.replay.steps import replay_update
 
     run = _require_run_dir(args)
     update = replay_update(run, args.version, trainer_config=args.trainer_config)
@@ -220,7 +220,7 @@ def cmd_replay_update(args: argparse.Namespace) -> int:
 
 def cmd_replay_decision(args: argparse.Namespace) -> int:
     # Deferred: loads torch, and every `dart` command imports this module.
-    from dart.stack.rerun import replay_decision
+    from dart.replay.steps import replay_decision
 
     run = _require_run_dir(args)
     result = replay_decision(run, args.rollout_id, args.step, worker_config=args.worker_config)

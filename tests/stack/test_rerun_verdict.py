@@ -1,7 +1,7 @@
 """`dart replay decision`'s verdict (pure: no run needed): a sampled decision passes only when the
 seeded re-sampling gives the logged text; an imported step was never sampled and is named so."""
 
-from dart.stack.rerun import DecisionReplay
+from dart.replay.steps import DecisionReplay
 
 
 def replay(same: str, imported_from: str = "") -> DecisionReplay:
