@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import urllib.parse
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,6 +160,14 @@ def check_raw_query(raw: str) -> None:
             urllib.parse.unquote_to_bytes(piece.replace("+", " ")).decode("utf-8")
 
 
+def _url_parameter(name: str, check: Callable[[str], object], value: str) -> None:
+    """``check`` of one URL parameter's value; its refusal is the client's 400, naming the parameter."""
+    try:
+        check(value)
+    except sqlguard.SqlRefused as exc:
+        raise BadRequest(f"URL parameter {name!r}: {exc}") from exc
+
+
 def parse_request(query: dict[str, str], body: bytes, max_head_chars: int | None = None) -> SqlRequest:
     """The SQL, format and settings of one request (pure). ClickHouse semantics: the ``query``
     parameter is the start of the statement and the body is the rest (or the data of an
@@ -178,20 +187,14 @@ def parse_request(query: dict[str, str], body: bytes, max_head_chars: int | None
     for k in settings:
         if not NAME.match(k):
             raise BadRequest(f"bad setting name {k!r} (rule: settings-allow-list)")
-        try:
-            sqlguard.check_setting(k)
-        except sqlguard.SqlRefused as exc:
-            raise BadRequest(f"URL parameter {k!r}: {exc}") from exc
+        _url_parameter(k, sqlguard.check_setting, k)
     database = query.get("database") or None
     if database is not None and not NAME.match(database):
         raise BadRequest(f"bad database name {database!r}")
     fmt = query.get("default_format") or "TabSeparated"
     if not NAME.match(fmt):
         raise BadRequest(f"bad default_format {fmt!r}")
-    try:
-        sqlguard.check_format(fmt)
-    except sqlguard.SqlRefused as exc:
-        raise BadRequest(f"URL parameter 'default_format': {exc}") from exc
+    _url_parameter("default_format", sqlguard.check_format, fmt)
     insert_fmt = trailing_format(url_sql) if url_sql and body and _INSERT.match(url_sql) else None
     if insert_fmt is not None:
         return SqlRequest(url_sql, fmt, database, params, settings, body, insert_fmt[1])
